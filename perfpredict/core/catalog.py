@@ -1,0 +1,63 @@
+"""GPU and model catalogs: one JSON file per entry under perfpredict/catalog/, read on first use."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from perfpredict.core.errors import PerfPredictError, unknown
+from perfpredict.core.hardware import GPUSpec
+from perfpredict.core.model import ModelSpec
+
+
+def _entries(kind: str) -> dict[str, dict]:
+    root = resources.files("perfpredict") / "catalog" / kind
+    out = {}
+    for entry in root.iterdir():
+        if entry.name.endswith(".json"):
+            data = json.loads(entry.read_text())
+            out[data["name"]] = data
+    return out
+
+
+@cache
+def gpu_catalog() -> dict[str, GPUSpec]:
+    return {n: GPUSpec.from_dict(d) for n, d in _entries("gpus").items()}
+
+
+@cache
+def model_catalog_raw() -> dict[str, dict]:
+    return _entries("models")
+
+
+@cache
+def model_catalog() -> dict[str, ModelSpec]:
+    return {n: ModelSpec.from_dict(d) for n, d in model_catalog_raw().items()}
+
+
+def get_gpu(name: str) -> GPUSpec:
+    cat = gpu_catalog()
+    key = name.strip().lower()
+    if key not in cat:
+        raise unknown("GPU", name, cat)
+    return cat[key]
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalog name, or a path to a Hugging Face config.json (or a folder holding one)."""
+    cat = model_catalog()
+    key = name_or_path.strip().lower()
+    if key in cat:
+        return cat[key]
+    p = Path(name_or_path)
+    if p.is_dir():
+        p = p / "config.json"
+    if p.suffix == ".json" or p.exists():
+        if not p.exists():
+            raise PerfPredictError(f"model config {str(p)!r} does not exist")
+        from perfpredict.core.hf_config import model_from_hf_config
+
+        return model_from_hf_config(p)
+    raise unknown("model", name_or_path, cat)

@@ -1,0 +1,132 @@
+"""Dataset schema shared by collect (writes), the public importers (write) and train (reads).
+
+Two tables, both parquet under datasets/:
+- probes: one row per kernel or collective measurement.
+- runs: one row per end-to-end training-step measurement (or failed attempt), described by the flat
+  scenario columns of perfpredict.core.scenario.flat_row plus labels and provenance.
+Every row carries provenance. Writes are atomic (temp file + rename) so a crash loses at most the row in flight.
+No torch here: train and the predictor read these files on machines without it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+SCHEMA_VERSION = 1
+
+PROVENANCE = {
+    "source": pl.Utf8,            # "ours-cpu", "ours-gpu", "vtrain", "ultrascale_playbook", "vidur", "azure"
+    "hardware": pl.Utf8,          # GPU catalog name ("cpu" for our CPU runs)
+    "hardware_fingerprint": pl.Utf8,  # JSON: device name/count, memory, CPU model, cores, clocks ...
+    "software": pl.Utf8,          # JSON: torch, cuda/nccl/gloo, python, perfpredict versions (or upstream's)
+    "collected_at": pl.Utf8,      # ISO-8601 date/time of the measurement (upstream commit date for public data)
+    "command": pl.Utf8,           # the command that produced the row (or the importer and upstream path)
+    "license": pl.Utf8,           # upstream license for public data, "Apache-2.0" for ours
+    "schema_version": pl.Int64,
+}
+
+PROBE_COLUMNS = {
+    "op": pl.Utf8,        # gemm | attention | rmsnorm | swiglu | softmax | cross_entropy | add | adam |
+                          # all_reduce | all_gather | reduce_scatter | all_to_all | send_recv | broadcast
+    "pass_": pl.Utf8,     # fwd | bwd_input | bwd_weight | fwd_bwd | bwd | step | comm
+    "dtype": pl.Utf8,     # bf16 | fp16 | fp32 | fp8
+    "m": pl.Int64, "n": pl.Int64, "k": pl.Int64,                 # gemm: (m x k) @ (k x n)
+    "batch": pl.Int64, "heads": pl.Int64, "kv_heads": pl.Int64, "seq_len": pl.Int64, "head_dim": pl.Int64,
+    "numel": pl.Int64,    # memory-bound ops: elements of the main tensor
+    "bytes": pl.Int64,    # collectives: message bytes per rank (nccl-tests 'size'); memory ops: bytes moved
+    "world_size": pl.Int64,
+    "ranks_per_node": pl.Int64,
+    "flops": pl.Float64,  # useful FLOPs of the op (0 for collectives)
+    "time_s": pl.Float64,     # median
+    "time_spread": pl.Float64,  # coefficient of variation of the repeats (std/mean); null if unknown
+    "repeats": pl.Int64,
+    "outcome": pl.Utf8,   # ok | oom | timeout | error
+    "error": pl.Utf8,
+}
+
+LABEL_COLUMNS = {
+    "run_id": pl.Utf8,
+    "outcome": pl.Utf8,            # ok | oom | timeout | error
+    "error": pl.Utf8,
+    "step_time_s": pl.Float64,     # median over timed steps (null unless ok)
+    "step_time_cv": pl.Float64,    # coefficient of variation over timed steps
+    "steps_timed": pl.Int64,
+    "peak_memory_gib": pl.Float64,  # max over ranks of peak allocated tensor bytes
+    "peak_memory_min_gib": pl.Float64,  # min over ranks (pipeline stages differ)
+    "peak_reserved_gib": pl.Float64,   # allocator reserved (GPU) where measured
+    "memory_by_rank": pl.Utf8,     # JSON list of per-rank peaks (GiB)
+    "memory_kind": pl.Utf8,        # what peak_memory_gib is: cuda_max_allocated | live_tensor_peak | reported
+    "tokens_per_s": pl.Float64,
+    "samples_per_s": pl.Float64,   # pairs/s for preference objectives
+    "oversubscribed": pl.Boolean,  # more ranks than cores: measures an overloaded CPU, not devices
+    "calib_ratio": pl.Float64,     # calibration workload time after / baseline (CPU timing gate)
+    "other_load_cores": pl.Float64,  # CPU used by other processes during the run
+    "shrunk_from": pl.Utf8,        # catalog model the shape was shrunk from, if any
+}
+
+
+def empty_frame(columns: dict[str, Any]) -> pl.DataFrame:
+    return pl.DataFrame(schema=columns)
+
+
+def conform(df: pl.DataFrame, columns: dict[str, Any]) -> pl.DataFrame:
+    """Add missing schema columns as nulls and cast known ones, keeping extra columns at the end."""
+    exprs = []
+    for name, dtype in columns.items():
+        if name in df.columns:
+            exprs.append(pl.col(name).cast(dtype, strict=False))
+        else:
+            exprs.append(pl.lit(None, dtype=dtype).alias(name))
+    extra = [c for c in df.columns if c not in columns]
+    return df.select(exprs + [pl.col(c) for c in extra])
+
+
+def probe_schema() -> dict[str, Any]:
+    return {**PROBE_COLUMNS, **PROVENANCE}
+
+
+def write_atomic(df: pl.DataFrame, path: Path | str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def append_rows(path: Path | str, rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """Append rows to a parquet file atomically (read, concat, write to temp, rename)."""
+    path = Path(path)
+    new = pl.DataFrame(rows, infer_schema_length=None)
+    if path.exists():
+        old = pl.read_parquet(path)
+        new = pl.concat([old, new], how="diagonal_relaxed")
+    write_atomic(new, path)
+    return new
+
+
+def read_tables(root: Path | str, table: str) -> pl.DataFrame:
+    """All parquet files named `<table>*.parquet` anywhere under root, concatenated (diagonal)."""
+    root = Path(root)
+    files = sorted(p for p in root.rglob(f"{table}*.parquet") if not p.name.startswith("."))
+    if not files:
+        return pl.DataFrame()
+    return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed")
+
+
+def data_hash(df: pl.DataFrame) -> str:
+    h = hashlib.sha256()
+    h.update(str(df.schema).encode())
+    h.update(str(df.height).encode())
+    for s in df.hash_rows(seed=0).sort():
+        h.update(int(s).to_bytes(8, "little"))
+    return h.hexdigest()[:16]

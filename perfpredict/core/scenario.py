@@ -1,0 +1,123 @@
+"""A scenario is (model, cluster, workload, plan); it round-trips to a plain dict and to one flat row.
+
+The flat row (stable column names, prefixes m_ g_ c_ w_ p_) is what datasets store and what the
+features stage reads, so a measured run and a candidate plan are described the same way."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perfpredict.core.catalog import get_model
+from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.hardware import Cluster
+from perfpredict.core.model import ModelSpec
+from perfpredict.core.plan import Plan
+from perfpredict.core.workload import Workload
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: ModelSpec
+    cluster: Cluster
+    workload: Workload
+    plan: Plan
+
+    def __post_init__(self) -> None:
+        if self.plan.gpus != self.cluster.gpus:
+            raise PerfPredictError(
+                f"plan uses tp*pp*dp*cp = {self.plan.gpus} GPUs but the cluster has {self.cluster.gpus}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "hardware": self.cluster.to_dict(),
+                "workload": self.workload.to_dict(), "plan": self.plan.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Scenario:
+        if not isinstance(d, dict):
+            raise PerfPredictError("a scenario must be a JSON object with model, hardware, workload, plan")
+        extra = set(d) - {"model", "hardware", "workload", "plan"}
+        if extra:
+            raise PerfPredictError(f"unknown scenario key(s) {sorted(extra)}; accepted: model, hardware, workload, plan")
+        for k in ("model", "hardware"):
+            if k not in d:
+                raise PerfPredictError(f"scenario is missing {k!r}")
+        m = d["model"]
+        model = get_model(m) if isinstance(m, str) else ModelSpec.from_dict(m)
+        cluster = Cluster.from_dict(d["hardware"])
+        workload = Workload.from_dict(d.get("workload", {}))
+        plan_d = dict(d.get("plan", {}))
+        if "dp" not in plan_d:
+            tp, pp, cp = plan_d.get("tp", 1), plan_d.get("pp", 1), plan_d.get("cp", 1)
+            if isinstance(tp, int) and isinstance(pp, int) and isinstance(cp, int) and cluster.gpus % (tp * pp * cp) == 0:
+                plan_d["dp"] = cluster.gpus // (tp * pp * cp)
+        return cls(model=model, cluster=cluster, workload=workload, plan=Plan.from_dict(plan_d))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def to_flat(self) -> dict[str, Any]:
+        return flat_row(self.model, self.cluster, self.workload, self.plan)
+
+
+def load_scenarios(path: Path | str) -> list[dict[str, Any]]:
+    """One JSON object, a JSON list, or JSON Lines: returns the raw dicts, in order."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PerfPredictError(f"cannot read scenario file {str(path)!r}: {e.strerror}") from None
+    try:
+        obj = json.loads(text)
+        return obj if isinstance(obj, list) else [obj]
+    except json.JSONDecodeError:
+        pass
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise PerfPredictError(f"{path}: line {i} is not valid JSON ({e.msg}); expected one scenario "
+                                       "object, a list, or JSON Lines") from None
+    if not out:
+        raise PerfPredictError(f"{path} holds no scenario")
+    return out
+
+
+def model_columns(m: ModelSpec) -> dict[str, Any]:
+    return {"m_name": m.name, "m_layers": m.layers, "m_hidden": m.hidden, "m_heads": m.heads,
+            "m_kv_heads": m.kv_heads, "m_head_dim": m.head_dim, "m_ffn": m.ffn, "m_vocab": m.vocab,
+            "m_tied": m.tied_embeddings, "m_gated": m.gated_mlp, "m_experts": m.experts,
+            "m_experts_per_token": m.experts_per_token, "m_expert_ffn": m.expert_ffn,
+            "m_params": float(m.param_count), "m_active_params": float(m.active_param_count),
+            "m_layer_params": float(m.layer_params), "m_matmul_params": float(m.matmul_params_per_token)}
+
+
+def cluster_columns(c: Cluster) -> dict[str, Any]:
+    g = c.gpu
+    return {"g_name": g.name, "g_memory_gib": float(g.memory_gib), "g_bf16_tflops": float(g.bf16_tflops),
+            "g_fp32_tflops": float(g.fp32_tflops), "g_hbm_tb_per_s": float(g.hbm_tb_per_s),
+            "c_gpus_per_node": c.gpus_per_node, "c_nodes": c.nodes, "c_gpus": c.gpus,
+            "c_intra_bw_gb_per_s": float(c.intra_node_bw_gb_per_s),
+            "c_inter_bw_gb_per_s": float(c.inter_node_bw_gb_per_s)}
+
+
+def workload_columns(w: Workload) -> dict[str, Any]:
+    return {"w_objective": w.objective, "w_seq_len": w.seq_len, "w_global_batch": w.global_batch,
+            "w_dataset_size": w.dataset_size, "w_epochs": float(w.epochs), "w_precision": w.precision,
+            "w_master_fp32": w.master_weights_fp32, "w_reference": w.reference,
+            "w_seqs_per_sample": w.seqs_per_sample}
+
+
+def plan_columns(p: Plan) -> dict[str, Any]:
+    return {"p_tp": p.tp, "p_pp": p.pp, "p_dp": p.dp, "p_cp": p.cp, "p_sp": p.sequence_parallel,
+            "p_zero": p.zero, "p_recompute": p.recompute, "p_micro_batch": p.micro_batch,
+            "p_grad_accum": p.grad_accum, "p_offload": p.optimizer_offload, "p_framework": p.framework,
+            "p_schedule": p.schedule, "p_vstages": p.virtual_stages}
+
+
+def flat_row(m: ModelSpec, c: Cluster, w: Workload, p: Plan) -> dict[str, Any]:
+    return {**model_columns(m), **cluster_columns(c), **workload_columns(w), **plan_columns(p)}

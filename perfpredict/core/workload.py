@@ -1,0 +1,75 @@
+"""What is trained: objective, sequence length, batch, dataset, precision, reference-model handling."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from perfpredict.core.errors import PerfPredictError, require
+
+OBJECTIVES = ("pretrain", "sft", "dpo", "ipo", "simpo", "orpo")
+# DPO and IPO compare the policy with a frozen reference; SimPO and ORPO are reference-free by design.
+NEEDS_REFERENCE = {"dpo": True, "ipo": True, "simpo": False, "orpo": False, "sft": False, "pretrain": False}
+PREFERENCE = frozenset({"dpo", "ipo", "simpo", "orpo"})
+REFERENCE_MODES = ("live", "precomputed", "offloaded", "none")
+PRECISIONS = ("bf16", "fp16", "fp32")
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Workload:
+    objective: str = "dpo"
+    seq_len: int = 2048  # prompt + response, per sequence
+    global_batch: int = 64  # pairs for preference objectives, sequences otherwise
+    dataset_size: int = 0  # pairs or samples; 0 = unknown
+    epochs: float = 1.0
+    precision: str = "bf16"
+    master_weights_fp32: bool = True
+    reference: str = ""  # "" = the objective's default: live if it needs one, else none
+
+    def __post_init__(self) -> None:
+        require(self.objective in OBJECTIVES, f"unknown objective {self.objective!r}; accepted: {', '.join(OBJECTIVES)}")
+        require(isinstance(self.seq_len, int) and self.seq_len > 0, f"seq_len must be a positive integer, got {self.seq_len!r}")
+        require(isinstance(self.global_batch, int) and self.global_batch > 0,
+                f"global_batch must be a positive integer, got {self.global_batch!r}")
+        require(isinstance(self.dataset_size, int) and self.dataset_size >= 0,
+                f"dataset_size must be an integer >= 0, got {self.dataset_size!r}")
+        require(self.epochs > 0, f"epochs must be positive, got {self.epochs!r}")
+        require(self.precision in PRECISIONS, f"unknown precision {self.precision!r}; accepted: {', '.join(PRECISIONS)}")
+        ref = self.reference or ("live" if self.needs_reference else "none")
+        require(ref in REFERENCE_MODES, f"unknown reference mode {ref!r}; accepted: {', '.join(REFERENCE_MODES)}")
+        if self.needs_reference:
+            require(ref != "none", f"objective {self.objective} needs a reference model: use live, precomputed or offloaded")
+        else:
+            require(ref == "none", f"objective {self.objective} has no reference model; reference must be none, got {ref!r}")
+        object.__setattr__(self, "reference", ref)
+
+    @property
+    def needs_reference(self) -> bool:
+        return NEEDS_REFERENCE[self.objective]
+
+    @property
+    def is_preference(self) -> bool:
+        return self.objective in PREFERENCE
+
+    @property
+    def seqs_per_sample(self) -> int:
+        """Chosen and rejected run through the policy as one concatenated batch (TRL's concatenated_forward)."""
+        return 2 if self.is_preference else 1
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seqs_per_sample * self.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Workload:
+        if not isinstance(d, dict):
+            raise PerfPredictError(f"workload must be an object, got {d!r}")
+        names = {f.name for f in fields(cls)}
+        extra = set(d) - names
+        if extra:
+            raise PerfPredictError(f"unknown workload field(s) {sorted(extra)}; accepted: {sorted(names)}")
+        return cls(**d)
