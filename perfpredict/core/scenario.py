@@ -26,9 +26,17 @@ class Scenario:
     plan: Plan
 
     def __post_init__(self) -> None:
-        if self.plan.gpus != self.cluster.gpus:
-            raise PerfPredictError(
-                f"plan uses tp*pp*dp*cp = {self.plan.gpus} GPUs but the cluster has {self.cluster.gpus}")
+        m, p, w = self.model, self.plan, self.workload
+        if p.gpus != self.cluster.gpus:
+            raise PerfPredictError(f"plan uses tp*pp*dp*cp = {p.gpus} GPUs but the cluster has {self.cluster.gpus}")
+        if m.heads % p.tp or m.kv_heads % p.tp:
+            raise PerfPredictError(f"tp ({p.tp}) must divide heads ({m.heads}) and kv_heads ({m.kv_heads}); "
+                                   f"accepted tp: {[t for t in range(1, m.kv_heads + 1) if m.kv_heads % t == 0]}")
+        if m.layers % (p.pp * p.virtual_stages):
+            raise PerfPredictError(f"pp x virtual_stages ({p.pp * p.virtual_stages}) must divide layers ({m.layers})")
+        if p.micro_batch * p.grad_accum * p.dp != w.global_batch:
+            raise PerfPredictError(f"micro_batch ({p.micro_batch}) x grad_accum ({p.grad_accum}) x dp ({p.dp}) must "
+                                   f"equal global_batch ({w.global_batch})")
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model.to_dict(), "hardware": self.cluster.to_dict(),
@@ -53,6 +61,10 @@ class Scenario:
             tp, pp, cp = plan_d.get("tp", 1), plan_d.get("pp", 1), plan_d.get("cp", 1)
             if isinstance(tp, int) and isinstance(pp, int) and isinstance(cp, int) and cluster.gpus % (tp * pp * cp) == 0:
                 plan_d["dp"] = cluster.gpus // (tp * pp * cp)
+        if "grad_accum" not in plan_d:
+            dp, mb = plan_d.get("dp", 1), plan_d.get("micro_batch", 1)
+            if isinstance(dp, int) and isinstance(mb, int) and dp > 0 and mb > 0 and workload.global_batch % (dp * mb) == 0:
+                plan_d["grad_accum"] = workload.global_batch // (dp * mb)
         return cls(model=model, cluster=cluster, workload=workload, plan=Plan.from_dict(plan_d))
 
     def to_json(self) -> str:

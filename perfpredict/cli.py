@@ -1,0 +1,135 @@
+"""The perfpredict command line: a thin typer layer over keyword-only library functions.
+
+Every PerfPredictError becomes one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from perfpredict.core.errors import PerfPredictError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Predict per-GPU memory and throughput of distributed LLM training plans, and rank them.")
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+
+def friendly(fn):
+    """Turn domain errors (and the usual bad-input errors) into one line."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except PerfPredictError as e:
+            err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+            err.print(f"error: {e.strerror}: {e.filename}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+@app.command("catalog")
+@friendly
+def catalog_cmd(kind: Annotated[str, typer.Argument(help="gpus or models")] = "gpus") -> None:
+    """List the GPU or model catalog."""
+    from perfpredict.core.catalog import gpu_catalog, model_catalog
+
+    if kind not in ("gpus", "models"):
+        raise PerfPredictError(f"unknown catalog {kind!r}; accepted: gpus, models")
+    if kind == "gpus":
+        t = Table("name", "memory GiB", "bf16 TFLOP/s", "HBM TB/s", "intra GB/s", "inter GB/s")
+        for g in sorted(gpu_catalog().values(), key=lambda g: g.name):
+            t.add_row(g.name, f"{g.memory_gib:g}", f"{g.bf16_tflops:g}", f"{g.hbm_tb_per_s:g}",
+                      f"{g.intra_node_bw_gb_per_s:g}", f"{g.inter_node_bw_gb_per_s:g}")
+    else:
+        t = Table("name", "params (B)", "layers", "hidden", "heads/kv", "ffn", "vocab", "experts")
+        for m in sorted(model_catalog().values(), key=lambda m: m.name):
+            t.add_row(m.name, f"{m.param_count / 1e9:.2f}", str(m.layers), str(m.hidden), f"{m.heads}/{m.kv_heads}",
+                      str(m.ffn), str(m.vocab), f"{m.experts_per_token}/{m.experts}" if m.experts else "-")
+    console.print(t)
+
+
+@app.command("plans")
+@friendly
+def plans_cmd(
+    model: Annotated[str, typer.Option(help="catalog name or config.json path")],
+    gpu: Annotated[str, typer.Option(help="GPU catalog name")],
+    gpus: Annotated[int, typer.Option(help="total GPUs")] = 8,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node")] = 8,
+    global_batch: Annotated[int, typer.Option(help="pairs (preference objectives) or sequences per step")] = 64,
+    seq_len: Annotated[int, typer.Option(help="tokens per sequence (prompt + response)")] = 2048,
+    objective: Annotated[str, typer.Option(help="pretrain | sft | dpo | ipo | simpo | orpo")] = "dpo",
+    sample: Annotated[int, typer.Option(help="how many plans to show")] = 10,
+) -> None:
+    """Count the legal plans for a model on a cluster, show a sample and the rejection tally."""
+    from perfpredict.api import legal_plans
+
+    plans, rej = legal_plans(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node,
+                             global_batch=global_batch, seq_len=seq_len, objective=objective)
+    console.print(f"[bold]{len(plans)}[/] legal plans, {rej.total} candidates rejected")
+    step = max(1, len(plans) // max(sample, 1))
+    t = Table("framework", "tp", "pp", "dp", "cp", "sp", "zero", "mbs", "ga", "recompute", "schedule", "offload")
+    for p in plans[::step][:sample]:
+        t.add_row(p.framework, str(p.tp), str(p.pp), str(p.dp), str(p.cp), "y" if p.sequence_parallel else "-",
+                  str(p.zero), str(p.micro_batch), str(p.grad_accum), p.recompute,
+                  p.schedule + (f"/v{p.virtual_stages}" if p.virtual_stages > 1 else ""), "y" if p.optimizer_offload else "-")
+    console.print(t)
+    r = Table("rejected because", "count")
+    for reason, n in rej.counts.most_common():
+        r.add_row(reason, str(n))
+    console.print(r)
+
+
+@app.command("describe")
+@friendly
+def describe_cmd(scenario: Annotated[Path, typer.Argument(help="scenario JSON file")],
+                 json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """The analytic descriptors of one scenario, as a table."""
+    from perfpredict.api import describe_scenarios
+
+    df = describe_scenarios(path=scenario)
+    if json_out:
+        console.print_json(json.dumps(df.to_dicts(), default=str))
+        return
+    for i, row in enumerate(df.to_dicts()):
+        t = Table("descriptor", "value", title=f"scenario {i + 1}")
+        for k, v in row.items():
+            if k.startswith("d_"):
+                t.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
+        console.print(t)
+
+
+def _mount_optional() -> None:
+    # Sub-apps live beside their stages; collect needs torch only when its commands run.
+    try:
+        from perfpredict.collect.cli import app as collect_app
+
+        app.add_typer(collect_app, name="collect", help="Measure probes and real training steps on this machine.")
+    except ImportError:
+        pass
+
+
+_mount_optional()
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""FLOPs, communication bytes and an analytic time estimate per step and rank.
+
+These are descriptors (features), never labels: the train stage learns the ratio of measured time to what it
+composes from learned kernel models, and these columns tell it what the step is made of."""
+
+from __future__ import annotations
+
+import polars as pl
+
+c = pl.col
+
+
+def flops(df: pl.DataFrame) -> pl.DataFrame:
+    """FLOPs per step: policy forward+backward on every sequence (both of a pair), recompute's extra forward,
+    the live/offloaded reference forward. The 6N rule (2N forward, 4N backward) for the matmuls plus causal
+    attention 2*s*heads*head_dim per layer and token forward."""
+    s = c("w_seq_len").cast(pl.Float64)
+    seqs = c("w_global_batch").cast(pl.Float64) * c("w_seqs_per_sample")
+    tokens = seqs * s
+    attn_fwd = 2.0 * s * c("m_heads") * c("m_head_dim") * c("m_layers")
+    fwd = 2.0 * c("m_matmul_params") + attn_fwd
+    recompute = (pl.when(c("p_recompute") == "full").then(fwd)
+                 .when(c("p_recompute") == "selective").then(attn_fwd).otherwise(0.0))
+    ref = pl.when(c("w_reference").is_in(["live", "offloaded"])).then(fwd).otherwise(0.0)
+    per_token = 3.0 * fwd + recompute + ref
+    n = c("c_gpus").cast(pl.Float64)
+    return df.with_columns(
+        d_tokens_per_step=tokens,
+        d_model_flops_per_step=tokens * 3.0 * fwd,  # what MFU counts: no recompute, no reference
+        d_flops_per_step=tokens * per_token,
+        d_flops_per_gpu=tokens * per_token / n,
+        d_attn_flops_frac=attn_fwd / fwd,
+        d_precompute_flops=pl.when(c("w_reference") == "precomputed").then(
+            c("w_dataset_size").cast(pl.Float64) * c("w_seqs_per_sample") * s * fwd).otherwise(0.0),
+    )
+
+
+def communication(df: pl.DataFrame) -> pl.DataFrame:
+    """Bytes each rank moves per step, by group, as a ring moves them (all-reduce 2(n-1)/n of the buffer,
+    all-gather and reduce-scatter (n-1)/n)."""
+    act_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
+    s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
+    b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
+    sbh = s * b * c("m_hidden") * act_b
+    m = c("p_grad_accum").cast(pl.Float64)
+    layers = c("m_layers").cast(pl.Float64) / c("p_pp")
+    t = c("p_tp").cast(pl.Float64)
+    d = c("p_dp").cast(pl.Float64)
+    ring_ar_t = 2.0 * (t - 1.0) / t
+    # Megatron TP: two all-reduces forward and two backward per layer (or AG+RS pairs with SP, same volume);
+    # full recompute repeats the forward pair; the reference forward adds a pair.
+    tp_colls = (4.0 + pl.when(c("p_recompute") == "full").then(2.0).otherwise(0.0)
+                + pl.when(c("w_reference").is_in(["live", "offloaded"])).then(2.0).otherwise(0.0))
+    tp_bytes = m * layers * tp_colls * sbh * ring_ar_t
+    grad_b = pl.when(c("p_framework").is_in(["megatron", "nanotron"]) | (c("w_precision") == "fp32")).then(4.0).otherwise(2.0)
+    ring_d = (d - 1.0) / d
+    params = c("d_params_rank")
+    # Gradient sync: all-reduce (zero 0) = reduce-scatter + all-gather of updated params (zero 1/2); DeepSpeed
+    # ZeRO-2/3 and FSDP reduce every micro-batch, Megatron/nanotron once per step.
+    per_mb_sync = c("p_framework").is_in(["deepspeed", "fsdp"]) & (c("p_zero") >= 2)
+    syncs = pl.when(per_mb_sync).then(m).otherwise(1.0)
+    grad_sync = params * grad_b * ring_d * pl.when(c("p_zero") == 0).then(2.0).otherwise(1.0) * syncs
+    param_gather = pl.when(c("p_zero").is_in([1, 2])).then(params * 2.0 * ring_d).otherwise(0.0)
+    ref_gathers = pl.when(c("w_reference").is_in(["live"]) & (c("p_zero") >= 3)).then(1.0).otherwise(0.0)
+    zero3 = pl.when(c("p_zero") >= 3).then(params * 2.0 * ring_d * m * (2.0 + ref_gathers)).otherwise(0.0)
+    dp_bytes = pl.when(c("p_dp") > 1).then(grad_sync + param_gather + zero3).otherwise(0.0)
+    sp_div = pl.when(c("p_sp")).then(t).otherwise(1.0)
+    pp_bytes = pl.when(c("p_pp") > 1).then(2.0 * m * sbh / sp_div * c("p_vstages")).otherwise(0.0)
+    kv = s * b * c("m_kv_heads") * c("m_head_dim") * act_b / t
+    cp_ = c("p_cp").cast(pl.Float64)
+    cp_bytes = pl.when(c("p_cp") > 1).then(m * layers * 3.0 * 2.0 * kv * (cp_ - 1.0)).otherwise(0.0)
+    offload = pl.when(c("p_offload")).then(params / pl.when(c("p_zero") >= 1).then(d).otherwise(1.0) * 6.0).otherwise(0.0)
+    ref_swap = pl.when(c("w_reference") == "offloaded").then(params * 2.0).otherwise(0.0)
+    n_colls = (m * layers * tp_colls * pl.when(c("p_tp") > 1).then(1.0).otherwise(0.0)
+               + pl.when(c("p_dp") > 1).then(syncs * 20.0 + pl.when(c("p_zero") >= 3).then(m * 2.0 * layers).otherwise(0.0)).otherwise(0.0)
+               + pl.when(c("p_pp") > 1).then(2.0 * m * c("p_vstages")).otherwise(0.0))
+    return df.with_columns(d_tp_bytes=tp_bytes, d_dp_bytes=dp_bytes, d_pp_bytes=pp_bytes, d_cp_bytes=cp_bytes,
+                           d_host_bytes=offload + ref_swap, d_collectives=n_colls)
+
+
+def placement(df: pl.DataFrame) -> pl.DataFrame:
+    """Which links each group crosses, with Megatron's rank order (tp fastest, then cp, dp, pp)."""
+    gpn = c("c_gpus_per_node")
+    inner_dp = c("p_tp") * c("p_cp") * c("p_dp")
+    cpu = c("g_name") == "cpu"
+    return df.with_columns(
+        d_tp_cross_node=(c("p_tp") > gpn),
+        d_dp_cross_node=(inner_dp > gpn),
+        d_pp_cross_node=(inner_dp >= gpn) & (c("c_nodes") > 1),
+        d_latency_s=pl.when(cpu).then(3e-4).otherwise(1.5e-5),
+    )
+
+
+def analytic_time(df: pl.DataFrame) -> pl.DataFrame:
+    """A roofline-style step time: compute at peak, each group's bytes over its link, the pipeline bubble.
+    Kept as a baseline (what the learning must beat) and as features."""
+    peak = pl.when(c("w_precision") == "fp32").then(c("g_fp32_tflops")).otherwise(c("g_bf16_tflops")) * 1e12
+    intra = c("c_intra_bw_gb_per_s") * 1e9
+    inter = c("c_inter_bw_gb_per_s") * 1e9
+    bw = {g: pl.when(c(f"d_{g}_cross_node")).then(inter).otherwise(intra) for g in ("tp", "dp", "pp")}
+    pp = c("p_pp").cast(pl.Float64)
+    m = c("p_grad_accum").cast(pl.Float64) * c("p_vstages")
+    bubble = pl.when(c("p_pp") > 1).then((pp - 1.0) / (m + pp - 1.0)).otherwise(0.0)
+    pcie = pl.when(c("g_name") == "cpu").then(10.0).otherwise(32.0) * 1e9
+    return df.with_columns(
+        d_compute_s=c("d_flops_per_gpu") / peak,
+        d_tp_comm_s=c("d_tp_bytes") / bw["tp"],
+        d_dp_comm_s=c("d_dp_bytes") / bw["dp"],
+        d_pp_comm_s=c("d_pp_bytes") / bw["pp"],
+        d_cp_comm_s=c("d_cp_bytes") / intra,
+        d_host_s=c("d_host_bytes") / pcie,
+        d_latency_total_s=c("d_collectives") * c("d_latency_s"),
+        d_bubble_frac=bubble,
+        d_optim_s=c("d_params_rank") * 16.0 * 3.0 / pl.when(c("p_zero") >= 1).then(c("p_dp")).otherwise(1)
+        / (c("g_hbm_tb_per_s") * 1e12),
+    ).with_columns(
+        d_analytic_step_s=(c("d_compute_s") + c("d_tp_comm_s") + c("d_pp_comm_s") + c("d_cp_comm_s"))
+        / (1.0 - c("d_bubble_frac")) + c("d_dp_comm_s") + c("d_host_s") + c("d_latency_total_s") + c("d_optim_s"),
+    ).with_columns(
+        d_comm_frac=(c("d_tp_comm_s") + c("d_dp_comm_s") + c("d_pp_comm_s") + c("d_cp_comm_s"))
+        / c("d_analytic_step_s"),
+    )
+
+
+def compute_descriptors(df: pl.DataFrame) -> pl.DataFrame:
+    for f in (flops, communication, placement, analytic_time):
+        df = f(df)
+    return df

@@ -1,0 +1,26 @@
+"""Build the flat scenario frame (one row per plan) that the descriptors read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import polars as pl
+
+from perfpredict.core.hardware import Cluster
+from perfpredict.core.model import ModelSpec
+from perfpredict.core.plan import Plan
+from perfpredict.core.scenario import Scenario, cluster_columns, model_columns, plan_columns, workload_columns
+
+
+def plans_frame(model: ModelSpec, cluster: Cluster, workload, plans: Iterable[Plan]) -> pl.DataFrame:
+    """Plans as columns; the model/cluster/workload columns are constants broadcast over them."""
+    rows = [plan_columns(p) for p in plans]
+    base = {**model_columns(model), **cluster_columns(cluster), **workload_columns(workload)}
+    if not rows:
+        return pl.DataFrame([{**base, **plan_columns(Plan())}]).clear()
+    df = pl.DataFrame(rows)
+    return df.with_columns([pl.lit(v).alias(k) for k, v in base.items()]).select(list(base) + df.columns)
+
+
+def scenarios_frame(scenarios: Iterable[Scenario]) -> pl.DataFrame:
+    return pl.DataFrame([s.to_flat() for s in scenarios])

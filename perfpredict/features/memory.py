@@ -1,0 +1,178 @@
+"""Per-rank memory descriptors: model states by ZeRO stage and framework, activations (Korthikanti et al. 2022,
+generalised to GQA, gated MLPs and flash attention), full-vocab logits, the reference model.
+
+All functions are polars frame -> frame with the columns added; sizes in bytes. The peak rank is the worse of the
+first pipeline stage (most micro-batches in flight, input embedding) and the last (output head and logits)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+c = pl.col
+
+
+def _tp():
+    return c("p_tp").cast(pl.Float64)
+
+
+def param_shard(df: pl.DataFrame) -> pl.DataFrame:
+    """Parameters held by the first and the last pipeline stage of one TP rank (before ZeRO sharding).
+
+    Megatron shards the embedding and the head over TP (vocab-parallel); with tied embeddings and pp>1 both the
+    first and the last stage hold a copy."""
+    layers_per_stage = c("m_layers") / c("p_pp")
+    emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") / _tp()
+    body = layers_per_stage * c("m_layer_params") / _tp()
+    single = body + emb * pl.when(c("m_tied")).then(1.0).otherwise(2.0) + c("m_hidden")
+    return df.with_columns(
+        d_params_first=pl.when(c("p_pp") == 1).then(single).otherwise(body + emb),
+        d_params_last=pl.when(c("p_pp") == 1).then(single).otherwise(body + emb + c("m_hidden")),
+    ).with_columns(d_params_rank=pl.max_horizontal("d_params_first", "d_params_last"))
+
+
+def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
+    """Bytes per parameter of weights, gradients and optimizer (master copy + Adam moments), and the share of each
+    that ZeRO shards over dp.
+
+    - megatron / nanotron: bf16 weights (2), fp32 main grads (4, gradient accumulation in fp32), fp32 master+m+v (12);
+      the distributed optimizer (ZeRO-1) shards the 12: 6 + 12/d bytes per parameter, as Megatron's docs state.
+    - deepspeed: bf16 weights (2) and grads (2), fp32 master+m+v (12): ZeRO-1 shards 12, -2 also the grads,
+      -3 everything (the ZeRO paper's 2+2+K with K=12).
+    - fsdp (FSDP2 mixed precision): fp32 sharded parameters double as master (4), fp32 sharded grads (4), m+v (8),
+      all sharded; the bf16 unsharded copy is a transient (see fsdp_gathered).
+    fp32 training: weights 4, grads 4, m+v 8, no master copy."""
+    fp32 = c("w_precision") == "fp32"
+    fw = c("p_framework")
+    w = pl.when(fp32).then(4.0).when(fw == "fsdp").then(4.0).otherwise(2.0)
+    g = pl.when(fp32 | fw.is_in(["megatron", "nanotron", "fsdp"])).then(4.0).otherwise(2.0)
+    master = pl.when(fp32 | (fw == "fsdp") | ~c("w_master_fp32")).then(0.0).otherwise(4.0)
+    o = master + 8.0
+    z = c("p_zero")
+    d = c("p_dp").cast(pl.Float64)
+    w_sh = pl.when(z >= 3).then(w / d).otherwise(w)
+    g_sh = pl.when(z >= 2).then(g / d).otherwise(g)
+    o_sh = pl.when(z >= 1).then(o / d).otherwise(o)
+    o_gpu = pl.when(c("p_offload")).then(0.0).otherwise(o_sh)
+    return df.with_columns(d_weight_bpp=w_sh, d_grad_bpp=g_sh, d_optim_bpp=o_gpu,
+                           d_state_bpp_unsharded=w + g + o)
+
+
+def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
+    """Per-layer activation bytes per (sequence x token x hidden), split into the part TP replicates unless
+    sequence parallelism is on, the part TP shards, and the attention-score part (bytes per a*s^2*b).
+
+    Korthikanti et al. 2022 (Table 2): 34 sbh + 5 a s^2 b with 10 sbh replicated under TP without SP, for
+    MHA, a 4h GELU MLP and dropout. Here: no dropout (none of the preference trainers use it), GQA K/V at
+    kv_heads/heads, SwiGLU keeps gate, up and silu(gate) and the product, and flash attention stores no scores."""
+    r_kv = c("m_kv_heads").cast(pl.Float64) / c("m_heads")
+    attn_width = c("m_heads").cast(pl.Float64) * c("m_head_dim") / c("m_hidden")
+    f = pl.when(c("m_experts") > 0).then(c("m_expert_ffn") * c("m_experts_per_token")).otherwise(c("m_ffn"))
+    f_h = f.cast(pl.Float64) / c("m_hidden")
+    replicated = pl.lit(8.0)  # two norm inputs (4) + QKV input (2) + MLP input (2)
+    attn = 2.0 * attn_width + 4.0 * r_kv * attn_width + 2.0 * attn_width  # Q, K, V, attention output
+    mlp = pl.when(c("m_gated")).then(8.0 * f_h).otherwise(4.0 * f_h)
+    return df.with_columns(d_act_repl_coef=replicated, d_act_shard_coef=attn + mlp, d_act_score_coef=pl.lit(0.0))
+
+
+def korthikanti_per_layer_bytes(s: float, b: float, h: float, a: float, t: int, sp: bool, recompute: str) -> float:
+    """The paper's own formula (Table 2), kept as the reference the generalised version is tested against."""
+    if recompute == "full":
+        return 2.0 * s * b * h / (t if sp else 1)
+    score = 0.0 if recompute == "selective" else 5.0 * a * s / h
+    if sp:
+        return s * b * h * (34.0 / t + score / t)
+    return s * b * h * (10.0 + 24.0 / t + score / t)
+
+
+def activations(df: pl.DataFrame) -> pl.DataFrame:
+    """Activation bytes of the first stage (most micro-batches in flight) per rank, and the logits on the last."""
+    act_bytes = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0) / 2.0  # coefficients assume 16-bit
+    s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
+    b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
+    h = c("m_hidden").cast(pl.Float64)
+    sbh = s * b * h * act_bytes
+    t = _tp()
+    repl = pl.when(c("p_sp")).then(c("d_act_repl_coef") / t).otherwise(c("d_act_repl_coef"))
+    full_layer = sbh * (repl + c("d_act_shard_coef") / t)
+    layer_input = pl.when(c("p_sp")).then(2.0 * sbh / t).otherwise(2.0 * sbh)
+    per_layer = pl.when(c("p_recompute") == "full").then(layer_input).otherwise(full_layer)
+    layers_per_stage = c("m_layers").cast(pl.Float64) / c("p_pp")
+    pp = c("p_pp").cast(pl.Float64)
+    m = c("p_grad_accum").cast(pl.Float64)
+    inflight = (pl.when(c("p_pp") == 1).then(1.0)
+                .when(c("p_schedule") == "gpipe").then(m)
+                .when(c("p_schedule") == "interleaved")
+                .then(pl.min_horizontal(pp, m) * (1.0 + (pp - 1.0) / (pp * c("p_vstages"))))
+                .otherwise(pl.min_horizontal(pp, m)))
+    # Full recompute re-materialises one layer's activations during its backward.
+    recompute_transient = pl.when(c("p_recompute") == "full").then(full_layer).otherwise(0.0)
+    v = c("m_vocab").cast(pl.Float64)
+    # Output logits: bf16 logits, an fp32 copy and the fp32 log-softmax kept for backward (TRL/HF path);
+    # Megatron/nanotron's fused vocab-parallel cross entropy keeps the fp32 softmax only.
+    hf = c("p_framework").is_in(["deepspeed", "fsdp"])
+    logit_bpe = pl.when(hf).then(10.0).otherwise(6.0)
+    logits = s * b * v / t * logit_bpe
+    return df.with_columns(
+        d_act_per_layer=per_layer,
+        d_inflight_microbatches=inflight,
+        d_act_first=per_layer * layers_per_stage * inflight + recompute_transient,
+        d_act_last=per_layer * layers_per_stage + recompute_transient,
+        d_logits_bytes=logits,
+    )
+
+
+def reference_model(df: pl.DataFrame) -> pl.DataFrame:
+    """The frozen reference of DPO/IPO.
+
+    live: TRL prepares it like the policy (ZeRO-3 / FSDP shard it; below ZeRO-3 DeepSpeed holds a full replica),
+    bf16 weights only; its forward runs under no_grad after the policy forward, so its logits (bf16 + fp32
+    log-softmax) are a transient on top of the policy's stored activations. offloaded: weights live in host memory
+    (NeMo-Aligner swaps them in), a layer at a time on the GPU. precomputed: nothing during the step."""
+    live = c("w_reference") == "live"
+    off = c("w_reference") == "offloaded"
+    sharded = (c("p_zero") >= 3)
+    w = c("d_params_rank") * pl.when(sharded).then(2.0 / c("p_dp")).otherwise(2.0)
+    layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
+    s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
+    b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
+    transient = s * b * c("m_vocab") / _tp() * 6.0 + c("d_act_per_layer")
+    return df.with_columns(
+        d_ref_weight_bytes=pl.when(live).then(w).when(off).then(layer).otherwise(0.0),
+        d_ref_transient_bytes=pl.when(live | off).then(transient).otherwise(0.0),
+    )
+
+
+def fsdp_gathered(df: pl.DataFrame) -> pl.DataFrame:
+    """Unsharded bf16 parameters alive at once: ZeRO-3/FSDP gather a layer (and prefetch the next); FSDP's
+    SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward."""
+    layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
+    emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") * 2.0 / _tp()
+    gathered = (pl.when((c("p_framework") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
+                .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
+    return df.with_columns(d_gathered_bytes=gathered)
+
+
+def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
+    gib = float(1 << 30)
+    states_first = c("d_params_first") * (c("d_weight_bpp") + c("d_grad_bpp") + c("d_optim_bpp"))
+    states_last = c("d_params_last") * (c("d_weight_bpp") + c("d_grad_bpp") + c("d_optim_bpp"))
+    common = c("d_ref_weight_bytes") + c("d_gathered_bytes")
+    first = states_first + common + c("d_act_first")
+    last = states_last + common + c("d_act_last") + c("d_logits_bytes") + c("d_ref_transient_bytes")
+    single = pl.when(c("p_pp") == 1).then(
+        states_first + common + c("d_act_first") + c("d_logits_bytes") + c("d_ref_transient_bytes"))
+    peak = single.otherwise(pl.max_horizontal(first, last))
+    return df.with_columns(
+        d_states_gib=pl.max_horizontal(states_first, states_last) / gib,
+        d_act_gib=pl.max_horizontal(c("d_act_first"), c("d_act_last")) / gib,
+        d_logits_gib=c("d_logits_bytes") / gib,
+        d_ref_gib=(c("d_ref_weight_bytes") + c("d_ref_transient_bytes")) / gib,
+        d_mem_gib=peak / gib,
+    ).with_columns(d_mem_frac=c("d_mem_gib") / c("g_memory_gib"))
+
+
+def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:
+    for f in (param_shard, state_bytes_per_param, activation_coefficients, activations, reference_model,
+              fsdp_gathered, peak_memory):
+        df = f(df)
+    return df
