@@ -1,0 +1,266 @@
+"""Public-data importers (perfpredict.train.importers) and the committed datasets/public files they produce.
+
+The importer tests read the upstream copies under shared/data/public (skipped where that folder is absent); the
+checks of the committed parquet files run everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from perfpredict.core.dataset import PROVENANCE, SCHEMA_VERSION, probe_schema
+from perfpredict.train.importers import IMPORTERS, azure, import_public, playbook, vidur, vtrain
+from perfpredict.train.importers.__main__ import main
+from perfpredict.train.importers.common import log_spaced, run_id, runs_schema
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "datasets" / "public"
+SHARED = Path(os.environ.get("PERFPREDICT_SHARED_PUBLIC", REPO.parent / "shared" / "data" / "public"))
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} (upstream copies) not present")
+
+
+def _row(df: pl.DataFrame, ref: str) -> dict:
+    hit = df.filter(pl.col("upstream_ref") == ref)
+    assert hit.height >= 1, ref
+    return hit.row(0, named=True)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> tuple[Path, dict[str, int]]:
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} not present")
+    out = tmp_path_factory.mktemp("public")
+    return out, import_public(shared_root=SHARED, out_root=out)
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+def test_log_spaced_keeps_ends_and_count():
+    vals = list(range(1, 1025))
+    kept = log_spaced(vals, 64)
+    assert len(kept) == 64 and kept[0] == 1 and kept[-1] == 1024
+    assert log_spaced([3, 1, 2], 10) == [1, 2, 3]
+
+
+def test_run_id_is_stable_and_distinct():
+    assert run_id("vtrain", "a.csv", 2) == run_id("vtrain", "a.csv", 2)
+    assert run_id("vtrain", "a.csv", 2) != run_id("vtrain", "a.csv", 3)
+    assert run_id("vidur", "a.csv", 2, "add") != run_id("vidur", "a.csv", 2, "mlp_act")
+
+
+# --- vtrain ------------------------------------------------------------------------------------------------------
+@needs_shared
+def test_vtrain_runs_match_csv():
+    df = vtrain.import_runs(SHARED / "vtrain")
+    assert df.height == 1440
+    assert df["run_id"].n_unique() == 1440
+    # ground_truth_single.csv line 2: 2,16,8,1024,16,24,1024,1,1,2,372.160408
+    r = _row(df, "ground_truth_single.csv:2")
+    assert (r["c_gpus"], r["w_global_batch"], r["p_micro_batch"], r["m_hidden"], r["m_heads"], r["m_layers"]) == \
+        (2, 16, 8, 1024, 16, 24)
+    assert (r["w_seq_len"], r["p_tp"], r["p_dp"], r["p_pp"], r["p_grad_accum"]) == (1024, 1, 1, 2, 2)
+    assert r["step_time_s"] == pytest.approx(0.372160408)
+    assert r["m_name"] == "gpt-h1024-l24" and r["m_vocab"] == 51200 and r["m_ffn"] == 4096 and not r["m_gated"]
+    assert (r["p_recompute"], r["p_framework"], r["p_schedule"], r["p_zero"]) == ("full", "megatron", "1f1b", 0)
+    assert r["g_name"] == "a100-sxm-80gb" and r["w_precision"] == "fp16" and r["outcome"] == "ok"
+    assert r["peak_memory_gib"] is None
+    # line 5: 8,8,2,2048,16,20,1024,4,1,2,160.6027
+    r = _row(df, "ground_truth_single.csv:5")
+    assert (r["p_tp"], r["p_dp"], r["p_pp"], r["p_grad_accum"], r["m_name"]) == (4, 1, 2, 4, "gpt-h2048-l20")
+    assert r["step_time_s"] == pytest.approx(0.1606027)
+
+
+@needs_shared
+def test_vtrain_allreduce_probes():
+    df = vtrain.import_probes(SHARED / "vtrain")
+    assert df.height == 14 * 64
+    assert set(df["hardware"]) == {"a100-sxm-80gb", "v100-sxm-32gb"}
+    # trace/a100/AR_GPU2_1M_1024M_LUT.csv line 2: 1048576,262144,float,44210,23.72,45100,23.25 (in-place 45100 ns)
+    r = _row(df, "trace/a100/AR_GPU2_1M_1024M_LUT.csv:2")
+    assert (r["op"], r["bytes"], r["world_size"], r["ranks_per_node"], r["dtype"]) == \
+        ("all_reduce", 1048576, 2, 2, "fp32")
+    assert r["time_s"] == pytest.approx(45100e-9)
+    assert r["busbw_gbps"] == pytest.approx(23.25)
+    # largest size (1024 MiB) is always kept
+    assert df.filter(pl.col("world_size") == 8)["bytes"].max() == 1024 * 2**20
+
+
+# --- ultrascale playbook -----------------------------------------------------------------------------------------
+@needs_shared
+def test_playbook_runs_match_csv():
+    df = playbook.import_runs(SHARED / "ultrascale_playbook")
+    assert df.height == 1641
+    counts = dict(df.group_by("outcome").len().iter_rows())
+    assert counts == {"ok": 1027, "oom": 556, "error": 58}
+    # benchmarks_1B_8B.csv line 2: 1B,1,8,2,16,256,8,1,1,0,39.2,40150,321200,50.2
+    r = _row(df, "benchmarks_1B_8B.csv:2")
+    assert (r["m_layers"], r["m_hidden"], r["m_ffn"], r["m_vocab"], r["m_tied"]) == (16, 2048, 8192, 131072, False)
+    assert (r["p_dp"], r["p_tp"], r["p_pp"], r["p_micro_batch"], r["p_grad_accum"], r["p_zero"]) == (8, 1, 1, 2, 16, 0)
+    assert r["tokens_per_s"] == 321200 and r["step_time_s"] == pytest.approx(256 * 4096 / 321200)
+    assert r["peak_memory_gib"] == pytest.approx(50.2e9 / 2**30) and r["memory_kind"] == "reported"
+    assert (r["p_framework"], r["w_precision"], r["w_seq_len"], r["g_name"]) == \
+        ("nanotron", "bf16", 4096, "h100-sxm-80gb")
+    # line 27: 1B,1,8,2,4,256,2,4,1,1,... published grad_acc 4 but 2*4*2 != 256: grad_accum = 256/(2*2) = 64
+    r = _row(df, "benchmarks_1B_8B.csv:27")
+    assert (r["p_grad_accum"], r["grad_acc_published"], r["w_global_batch"]) == (64, 4, 256)
+    assert "recomputed" in r["note"]
+    # tp>1 gets sequence parallelism (nanotron REDUCE_SCATTER); line 820 is 8B tp8 dp1 zero0 mbs1, 24.4 GB
+    r = _row(df, "benchmarks_1B_8B.csv:820")
+    assert r["m_layers"] == 32 and r["p_tp"] == 8 and r["p_sp"] and r["gpu_mem_gb"] == 24.4
+    # line 61 (1B, dp8, mbs2, zero0) has nan metrics
+    r = _row(df, "benchmarks_1B_8B.csv:61")
+    assert r["outcome"] == "oom" and r["step_time_s"] is None and "cause not given" in r["error"]
+    bad = df.filter(pl.col("outcome") == "error")
+    assert (bad["p_pp"] > bad["m_layers"]).all()
+
+
+@needs_shared
+def test_playbook_dp_scaling_rows_are_benchmark_rows():
+    matches = playbook.match_dp_scaling(SHARED / "ultrascale_playbook")
+    assert [b for _, b in matches] == [2, 69, 189, 314, 465, 627]
+
+
+@needs_shared
+def test_playbook_collective_probes():
+    df = playbook.import_probes(SHARED / "ultrascale_playbook")
+    assert df.height == 21 and set(df["op"]) == {"all_reduce", "all_gather", "reduce_scatter"}
+    # nccl_busbw_vs_nodes_256MB.csv line 2: AllReduce,1,8,256MB,435.9668,...
+    r = _row(df, "nccl_busbw_vs_nodes_256MB.csv:2")
+    assert (r["bytes"], r["world_size"], r["ranks_per_node"]) == (2**28, 8, 8)
+    assert r["time_s"] == pytest.approx(2**28 * 2 * 7 / 8 / 435.9668e9)
+    # line 9: AllGather,1,8,256MB,249.8488: factor (n-1)/n
+    r = _row(df, "nccl_busbw_vs_nodes_256MB.csv:9")
+    assert r["op"] == "all_gather" and r["time_s"] == pytest.approx(2**28 * 7 / 8 / 249.8488e9)
+
+
+# --- vidur -------------------------------------------------------------------------------------------------------
+@needs_shared
+def test_vidur_compute_probes():
+    df = vidur.import_compute(SHARED / "vidur")
+    ref = "data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv:2"
+    rows = {r["upstream_op"]: r for r in df.filter(pl.col("upstream_ref") == ref).iter_rows(named=True)}
+    # line 2: num_tokens 4096, tp 1; attn_pre_proj median 1.911 ms, mlp_up_proj 3.3655, add 0.055
+    qkv = rows["attn_pre_proj"]
+    assert (qkv["op"], qkv["m"], qkv["k"], qkv["n"], qkv["dtype"], qkv["pass_"]) == \
+        ("gemm", 4096, 4096, 3 * 4096, "fp16", "fwd")
+    assert qkv["time_s"] == pytest.approx(1.911e-3)
+    up = rows["mlp_up_proj"]
+    assert (up["k"], up["n"]) == (4096, 2 * 11008) and up["time_s"] == pytest.approx(3.3655e-3)
+    assert (rows["mlp_down_proj"]["k"], rows["mlp_down_proj"]["n"]) == (11008, 4096)
+    assert rows["mlp_act"]["op"] == "swiglu" and rows["mlp_act"]["numel"] == 4096 * 11008
+    assert rows["add"]["op"] == "add" and rows["add"]["time_s"] == pytest.approx(0.055e-3)
+    assert rows["input_layernorm"]["op"] == "rmsnorm"
+    # GQA and TP: Llama-3-70B (64 heads, 8 kv heads, 8192) at tp 8: QKV n = (64 + 16) * 128 / 8
+    l3 = df.filter((pl.col("model") == "meta-llama/Meta-Llama-3-70B") & (pl.col("tp") == 8)
+                   & (pl.col("upstream_op") == "attn_pre_proj"))
+    assert set(l3["n"]) == {1280} and set(l3["k"]) == {8192}
+    phi = df.filter(pl.col("model") == "microsoft/phi-2")
+    assert {"layernorm", "gelu"} <= set(phi["op"])
+    per_file = df.filter(pl.col("op") == "gemm").group_by("hardware", "model", "tp").agg(pl.col("m").n_unique())
+    assert per_file["m"].min() >= 40 and per_file["m"].max() <= 45
+
+
+@needs_shared
+def test_vidur_network_probes():
+    df = vidur.import_network(SHARED / "vidur")
+    # a100_dgx/all_reduce.csv line 2: median 0.043 ms, rank 0, 2 workers, 2048 bytes, 1 device per node
+    r = _row(df, "data/profiling/network/a100_dgx/all_reduce.csv:2")
+    assert (r["op"], r["bytes"], r["world_size"], r["ranks_per_node"], r["hardware"]) == \
+        ("all_reduce", 2048, 2, 1, "a100-sxm-80gb")
+    assert r["time_s"] == pytest.approx(0.043e-3)
+    ar = df.filter((pl.col("op") == "all_reduce") & (pl.col("node_type") == "a100_dgx"))
+    assert ar.height == 7 * 993  # every size kept for all_reduce
+    assert set(df.filter(pl.col("node_type") == "a100_pairwise_nvlink")["hardware"]) == {"a100-pcie-80gb"}
+
+
+# --- azure -------------------------------------------------------------------------------------------------------
+@needs_shared
+def test_azure_probes():
+    df = azure.import_probes(SHARED / "azure_ai_benchmarking")
+    counts = dict(df.group_by("op").len().iter_rows())
+    assert counts == {"gemm": 26, "all_reduce": 72, "attention": 6, "copy": 3}
+    # gemm_cublaslt.csv line 2: ND_A100_v4,1024,1024,1024,119.4,GEMM CuBLASLt,fp16
+    r = _row(df, "gemm_cublaslt.csv:2")
+    assert r["hardware"] == "a100-sxm-80gb" and r["dtype"] == "fp16"
+    assert r["time_s"] == pytest.approx(2 * 1024**3 / 119.4e12)
+    # nccl_allreduce_busbw_1node.csv line 8: ND_A100_v4,65K,66560,2.70 -> 2^16 bytes
+    r = _row(df, "nccl_allreduce_busbw_1node.csv:8")
+    assert r["bytes"] == 65536 and r["time_s"] == pytest.approx(65536 * 2 * 7 / 8 / 2.70e9)
+    # attention_tflops.csv line 3: ND_A100_v4,Flash Attention 2.0,179.5,64,2,8192 -> 32 heads
+    r = _row(df, "attention_tflops.csv:3")
+    assert (r["heads"], r["head_dim"], r["kernel"]) == (32, 64, "flash_attention_2")
+    assert r["time_s"] == pytest.approx(4 * 2 * 8192**2 * 2048 / 179.5e12)
+    sw = json.loads(_row(df, "gemm_cublaslt.csv:10")["software"])
+    assert sw["nccl"] == "2.18.5" and sw["cuda"] == "12.6"
+
+
+# --- the whole run and the committed files -----------------------------------------------------------------------
+@needs_shared
+def test_import_public_counts_and_committed_files_are_current(imported):
+    out, counts = imported
+    assert counts["vtrain/runs.parquet"] == 1440
+    assert counts["ultrascale_playbook/runs.parquet"] == 1641
+    assert set(counts) == {p.relative_to(out).as_posix() for p in out.rglob("*.parquet")}
+    for name, n in counts.items():
+        committed = COMMITTED / name
+        assert committed.exists(), f"{committed} missing: rerun python -m perfpredict.train.importers"
+        fresh, old = pl.read_parquet(out / name), pl.read_parquet(committed)
+        assert old.height == n and fresh.equals(old), f"{committed} is stale: rerun the importers"
+    for folder in IMPORTERS:
+        assert (out / folder / "SOURCE.md").read_text() == (COMMITTED / folder / "SOURCE.md").read_text()
+
+
+@needs_shared
+def test_cli_writes_one_source(tmp_path, capsys):
+    assert main(["--shared", str(SHARED), "--out", str(tmp_path), "--only", "azure_ai_benchmarking"]) == 0
+    assert (tmp_path / "azure_ai_benchmarking" / "probes.parquet").exists()
+    assert (tmp_path / "azure_ai_benchmarking" / "LICENSE").exists()
+    assert "107" in capsys.readouterr().out
+
+
+COMMITTED_FILES = sorted(COMMITTED.rglob("*.parquet")) if COMMITTED.is_dir() else []
+
+
+def test_committed_files_exist_and_are_small():
+    assert {p.parent.name for p in COMMITTED_FILES} == set(IMPORTERS)
+    total = sum(p.stat().st_size for p in COMMITTED.rglob("*") if p.is_file())
+    assert total < 8 * 2**20
+    for folder in IMPORTERS:
+        assert (COMMITTED / folder / "SOURCE.md").read_text().count("## Imported into perfpredict") == 1
+        assert (COMMITTED / folder / "LICENSE").exists()
+
+
+@pytest.mark.parametrize("path", COMMITTED_FILES, ids=lambda p: p.relative_to(COMMITTED).as_posix())
+def test_committed_parquet_schema_and_provenance(path):
+    df = pl.read_parquet(path)
+    assert df.height > 0
+    schema = runs_schema() if path.name.startswith("runs") else probe_schema()
+    for col, dtype in schema.items():
+        assert col in df.columns, f"{path.name} lacks {col}"
+        assert df.schema[col] == dtype, f"{path.name}: {col} is {df.schema[col]}, schema says {dtype}"
+    assert list(df.columns[:len(schema)]) == list(schema)
+    for col in PROVENANCE:
+        assert df[col].null_count() == 0, f"{path.name}: null {col}"
+    assert set(df["source"]) == {path.parent.name}
+    assert set(df["schema_version"]) == {SCHEMA_VERSION}
+    assert df["command"].str.starts_with("perfpredict.train.importers.").all()
+    assert df["run_id"].n_unique() == df.height
+    assert df.filter(pl.col("outcome") == "ok")["time_s" if "time_s" in schema else "step_time_s"].min() > 0
+    for fp in df["hardware_fingerprint"].unique():
+        json.loads(fp)
+
+
+@pytest.mark.parametrize("path", [p for p in COMMITTED_FILES if p.name.startswith("runs")],
+                         ids=lambda p: p.relative_to(COMMITTED).as_posix())
+def test_committed_runs_throughput_identity(path):
+    df = pl.read_parquet(path)
+    ok = df.filter(pl.col("outcome") == "ok")
+    assert ok.height > 0 and ok["step_time_s"].null_count() == 0
+    expect = ok["w_global_batch"] * ok["w_seqs_per_sample"] * ok["w_seq_len"] / ok["step_time_s"]
+    assert ((ok["tokens_per_s"] - expect).abs() / expect).max() < 1e-9
+    assert (ok["samples_per_s"] * ok["step_time_s"] - ok["w_global_batch"]).abs().max() < 1e-6
+    failed = df.filter(pl.col("outcome") != "ok")
+    assert failed["step_time_s"].null_count() == failed.height and failed["error"].null_count() == 0
