@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -9,6 +10,7 @@ import polars as pl
 from perfpredict.core.catalog import get_gpu, get_model
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.hardware import Cluster
+from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario, load_scenarios
 from perfpredict.core.workload import Workload
@@ -45,3 +47,96 @@ def describe_scenarios(*, path: Path | str | None = None, scenarios: list[Scenar
             raise PerfPredictError("give a scenario file or scenarios")
         scenarios = [Scenario.from_dict(d) for d in load_scenarios(path)]
     return describe(pl.DataFrame([s.to_flat() for s in scenarios]))
+
+
+# --- ranking and prediction -------------------------------------------------------------------------------------
+
+
+@dataclass
+class RankReport:
+    ranking: object
+    notes: list[str] = field(default_factory=list)
+
+
+def _bundle(predictor):
+    from perfpredict.predictor.predict import load_predictor
+
+    return load_predictor(predictor)
+
+
+def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 8, intra_node_bw: float = 0.0,
+                inter_node_bw: float = 0.0, objective: str = "dpo", dataset_size: int = 0, epochs: float = 1.0,
+                seq_len: int = 2048, global_batch: int = 64, reference: str = "", precision: str = "bf16",
+                frameworks: list[str] | None = None, target_samples_per_s: float = 0.0,
+                predictor: Path | str | None = None) -> RankReport:
+    """Everything `perfpredict rank` prints: the ranking plus notes (target met or not, what would fit)."""
+    from perfpredict.predictor.rank import fewest_gpus, rank_plans, what_would_fit
+
+    m = get_model(model)
+    w = Workload(objective=objective, seq_len=seq_len, global_batch=global_batch, dataset_size=dataset_size,
+                 epochs=epochs, precision=precision, reference=reference)
+    space = PlanSpace(frameworks=tuple(frameworks)) if frameworks else PlanSpace()
+    b = _bundle(predictor)
+    notes: list[str] = []
+    if gpus is None:
+        base = make_cluster(gpu=gpu, gpus=gpus_per_node, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
+                            inter_node_bw=inter_node_bw)
+        r = fewest_gpus(model=m, cluster=base, workload=w, target_samples_per_s=target_samples_per_s, space=space,
+                        bundle=b)
+        if r is None:
+            raise PerfPredictError(f"no cluster of up to 128 nodes of {gpu} reaches {target_samples_per_s:g} "
+                                   "samples/s for this workload")
+        notes.append(f"fewest GPUs meeting {target_samples_per_s:g}/s: {r.cluster.gpus} "
+                     f"({r.cluster.nodes} node(s) of {r.cluster.gpus_per_node})")
+        return RankReport(ranking=r, notes=notes)
+    cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
+                           inter_node_bw=inter_node_bw)
+    r = rank_plans(model=m, cluster=cluster, workload=w, space=space, bundle=b)
+    if r.fitting.height == 0:
+        notes.append("nothing fits on this cluster. What would:")
+        notes += ["  " + t for t in what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b)]
+    if target_samples_per_s > 0 and r.fitting.height:
+        best = r.fitting["samples_per_s"][0]
+        verdict = "meets" if best >= target_samples_per_s else "does NOT meet"
+        notes.append(f"target {target_samples_per_s:g}/s: the best plan ({best:.3g}/s) {verdict} it"
+                     + ("" if best >= target_samples_per_s else "; try --gpus auto"))
+    return RankReport(ranking=r, notes=notes)
+
+
+def rank(*, model: ModelSpec | str, cluster: Cluster, workload: Workload, top: int | None = None,
+         frameworks: list[str] | None = None, predictor: Path | str | None = None) -> pl.DataFrame:
+    """Every legal plan that is predicted to fit, best predicted throughput first (top N if given), as a polars
+    DataFrame: plan, p_* knobs, samples_per_s (pairs/s for preference objectives), tokens_per_s, step_time_s and
+    its interval, time_to_finish_h, peak_memory_gib and its interval, mfu, dominant, and the breakdown."""
+    from perfpredict.predictor.rank import rank_plans
+
+    m = get_model(model) if isinstance(model, str) else model
+    space = PlanSpace(frameworks=tuple(frameworks)) if frameworks else PlanSpace()
+    r = rank_plans(model=m, cluster=cluster, workload=workload, space=space, bundle=_bundle(predictor))
+    return r.fitting.head(top) if top else r.fitting
+
+
+def predict(scenario: Scenario | dict, *, predictor: Path | str | None = None):
+    """One Prediction (step_time_s, tokens_per_s, samples_per_s, peak_memory_gib, fits, intervals, breakdown)."""
+    from perfpredict.predictor.predict import predict as _predict
+
+    return _predict(scenario, bundle=_bundle(predictor))
+
+
+def predict_file(*, path: Path | str, predictor: Path | str | None = None) -> list:
+    from perfpredict.predictor.predict import predict_many
+
+    scenarios = [Scenario.from_dict(d) for d in load_scenarios(path)]
+    return predict_many(scenarios, bundle=_bundle(predictor))
+
+
+def emit_winner(*, ranking, target: str, out_dir: Path | str) -> list[Path]:
+    from perfpredict.predictor.emit import emit, write_emitted
+
+    best = ranking.fitting.row(0, named=True)
+    plan = Plan(tp=best["p_tp"], pp=best["p_pp"], dp=best["p_dp"], cp=best["p_cp"], sequence_parallel=best["p_sp"],
+                zero=best["p_zero"], recompute=best["p_recompute"], micro_batch=best["p_micro_batch"],
+                grad_accum=best["p_grad_accum"], optimizer_offload=best["p_offload"], framework=best["p_framework"],
+                schedule=best["p_schedule"], virtual_stages=best["p_vstages"])
+    files = emit(target, model=ranking.model, cluster=ranking.cluster, workload=ranking.workload, plan=plan)
+    return write_emitted(files, out_dir)

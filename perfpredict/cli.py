@@ -110,6 +110,27 @@ def describe_cmd(scenario: Annotated[Path, typer.Argument(help="scenario JSON fi
         console.print(t)
 
 
+def _mount_train() -> None:
+    from perfpredict.train import cli as train_cli
+
+    app.command("train")(friendly(train_cli.train_cmd))
+    app.command("evaluate")(friendly(train_cli.evaluate_cmd))
+    app.command("import-public")(friendly(train_cli.import_public_cmd))
+
+
+_mount_train()
+
+
+def _mount_predictor() -> None:
+    from perfpredict.predictor import cli as predictor_cli
+
+    app.command("rank")(friendly(predictor_cli.rank_cmd))
+    app.command("predict")(friendly(predictor_cli.predict_cmd))
+
+
+_mount_predictor()
+
+
 def _mount_optional() -> None:
     # Sub-apps live beside their stages; collect needs torch only when its commands run.
     try:

@@ -1,0 +1,157 @@
+"""Kernel-level models: GEMM, attention, memory-bound ops and collectives.
+
+Each family predicts log(measured time / roofline time), where the roofline comes from the hardware's datasheet
+figures. Learning the efficiency rather than the time lets a GPU with few probes borrow from the others: its
+roofline already carries its peak rates, and the model only learns how far below them a shape runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import xgboost as xgb
+
+from perfpredict.predictor.hardware_frame import with_hardware
+
+c = pl.col
+FAMILIES = ("gemm", "attention", "membound", "collective")
+MEMBOUND_OPS = ("rmsnorm", "layernorm", "swiglu", "gelu", "softmax", "cross_entropy", "add", "adam", "copy")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+PASSES = ("fwd", "bwd_input", "bwd_weight", "fwd_bwd", "bwd", "step", "comm")
+# Bytes each membound op moves per element of its main tensor (reads + writes, 16-bit), as implemented unfused.
+MEMBOUND_TRAFFIC = {"rmsnorm": 2.0, "layernorm": 2.0, "swiglu": 3.0, "gelu": 2.0, "softmax": 2.0,
+                    "cross_entropy": 3.0, "add": 3.0, "adam": 8.0, "copy": 2.0}
+# Ring algorithm factors: bytes through each rank's link per buffer byte (nccl-tests' bus-bandwidth factors).
+ALGO = {"all_reduce": "2*(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
+        "all_to_all": "(n-1)/n", "send_recv": "1", "broadcast": "1"}
+
+
+def family_of(op: str) -> str:
+    if op == "gemm":
+        return "gemm"
+    if op == "attention":
+        return "attention"
+    if op in COLLECTIVES:
+        return "collective"
+    return "membound"
+
+
+def _peak_tflops() -> pl.Expr:
+    return (pl.when(c("dtype") == "fp32").then(c("hw_fp32_tflops"))
+            .when(c("dtype") == "fp8").then(c("hw_fp8_tflops"))
+            .when(c("dtype") == "fp16").then(c("hw_fp16_tflops"))
+            .otherwise(c("hw_bf16_tflops")))
+
+
+def _algo_factor() -> pl.Expr:
+    n = c("world_size").cast(pl.Float64)
+    return (pl.when(c("op") == "all_reduce").then(2.0 * (n - 1.0) / n)
+            .when(c("op").is_in(["all_gather", "reduce_scatter", "all_to_all"])).then((n - 1.0) / n)
+            .otherwise(1.0))
+
+
+def roofline(df: pl.DataFrame) -> pl.DataFrame:
+    """Adds `roof_s` (datasheet lower bound on time) and the shape features every family uses."""
+    df = with_hardware(df)
+    dbytes = c("dtype").replace_strict(DTYPE_BYTES, default=2, return_dtype=pl.Float64)
+    m, n, k = (c(x).cast(pl.Float64) for x in ("m", "n", "k"))
+    gemm_flops = 2.0 * m * n * k
+    gemm_bytes = dbytes * (m * k + k * n + m * n)
+    b, a, kv, s, hd = (c(x).cast(pl.Float64) for x in ("batch", "heads", "kv_heads", "seq_len", "head_dim"))
+    attn_fwd = 2.0 * b * a * s * s * hd  # causal: half of QK^T and AV
+    attn_flops = pl.when(c("pass_") == "fwd").then(attn_fwd).otherwise(3.5 * attn_fwd)
+    attn_bytes = dbytes * b * s * hd * (2.0 * a + 2.0 * kv) * pl.when(c("pass_") == "fwd").then(1.0).otherwise(2.5)
+    traffic = c("op").replace_strict(MEMBOUND_TRAFFIC, default=2.0, return_dtype=pl.Float64)
+    mem_bytes = pl.coalesce(c("bytes").cast(pl.Float64), c("numel").cast(pl.Float64) * dbytes * traffic)
+    peak = _peak_tflops() * 1e12
+    hbm = c("hw_hbm_tb_per_s") * 1e12
+    cross = c("ranks_per_node").fill_null(c("world_size")) < c("world_size")
+    link = pl.when(cross).then(c("hw_inter_gb_per_s")).otherwise(c("hw_intra_gb_per_s")) * 1e9
+    coll_bytes = c("bytes").cast(pl.Float64) * _algo_factor()
+    fam = c("family")
+    flops = (pl.when(fam == "gemm").then(gemm_flops).when(fam == "attention").then(attn_flops).otherwise(0.0))
+    moved = (pl.when(fam == "gemm").then(gemm_bytes).when(fam == "attention").then(attn_bytes)
+             .when(fam == "membound").then(mem_bytes).otherwise(coll_bytes))
+    roof = (pl.when(fam == "collective").then(moved / link)
+            .otherwise(pl.max_horizontal(flops / peak, moved / hbm)))
+    return df.with_columns(k_flops=flops, k_bytes=moved, k_cross_node=cross).with_columns(
+        roof_s=pl.max_horizontal(roof, pl.lit(1e-9)))
+
+
+def kernel_features(df: pl.DataFrame) -> pl.DataFrame:
+    """Numeric features for one family's rows (after roofline)."""
+    log = lambda e: (e.cast(pl.Float64).fill_null(0.0) + 1.0).log10()  # noqa: E731
+    peak = _peak_tflops()
+    return df.select(
+        f_log_roof=c("roof_s").log10(),
+        f_log_flops=log(c("k_flops")),
+        f_log_bytes=log(c("k_bytes")),
+        f_intensity=log(c("k_flops") / (c("k_bytes") + 1.0)),
+        f_balance=(peak * 1e12 / (c("hw_hbm_tb_per_s") * 1e12)).log10(),
+        f_log_peak=peak.log10(),
+        f_log_hbm=c("hw_hbm_tb_per_s").log10(),
+        f_log_m=log(c("m")), f_log_n=log(c("n")), f_log_k=log(c("k")),
+        f_log_batch=log(c("batch")), f_heads=c("heads").cast(pl.Float64).fill_null(0.0),
+        f_gqa=(c("heads").cast(pl.Float64) / c("kv_heads")).fill_null(1.0),
+        f_log_seq=log(c("seq_len")), f_head_dim=c("head_dim").cast(pl.Float64).fill_null(0.0),
+        f_log_numel=log(c("numel")),
+        f_world=c("world_size").cast(pl.Float64).fill_null(1.0),
+        f_cross=c("k_cross_node").cast(pl.Float64).fill_null(0.0),
+        f_log_link=(pl.when(c("k_cross_node")).then(c("hw_inter_gb_per_s")).otherwise(c("hw_intra_gb_per_s"))).log10(),
+        f_is_cpu=c("hw_is_cpu").cast(pl.Float64),
+        f_dtype=c("dtype").replace_strict(DTYPE_BYTES, default=2, return_dtype=pl.Float64),
+        f_pass=c("pass_").replace_strict({p: i for i, p in enumerate(PASSES)}, default=0, return_dtype=pl.Float64),
+        f_op=c("op").replace_strict({o: i for i, o in enumerate(MEMBOUND_OPS + COLLECTIVES)}, default=-1,
+                                    return_dtype=pl.Float64),
+        f_log_sms=log(c("hw_sms")),
+    )
+
+
+XGB_PARAMS = dict(n_estimators=300, max_depth=6, learning_rate=0.06, subsample=0.9, colsample_bytree=0.9,
+                  min_child_weight=2.0, reg_lambda=1.0, tree_method="hist", n_jobs=2)
+
+
+class KernelModel:
+    """One xgboost regressor per family on log10(time / roofline). scikit-learn contract."""
+
+    def __init__(self, *, seed: int = 0, params: dict | None = None):
+        self.seed = seed
+        self.params = params
+
+    def prepare(self, probes: pl.DataFrame) -> pl.DataFrame:
+        if "family" not in probes.columns:
+            probes = probes.with_columns(family=c("op").map_elements(family_of, return_dtype=pl.Utf8))
+        return roofline(probes)
+
+    def fit(self, probes: pl.DataFrame) -> KernelModel:
+        df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
+        self.models_ = {}
+        self.feature_names_ = kernel_features(df.head(1)).columns
+        self.families_ = {}
+        for fam in FAMILIES:
+            sub = df.filter(c("family") == fam)
+            if sub.height < 5:
+                continue
+            X = kernel_features(sub).to_numpy()
+            y = np.log10(sub["time_s"].to_numpy() / sub["roof_s"].to_numpy())
+            model = xgb.XGBRegressor(**(self.params or XGB_PARAMS), random_state=self.seed)
+            model.fit(X, y)
+            self.models_[fam] = model
+            self.families_[fam] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list())}
+        return self
+
+    def predict_prepared(self, df: pl.DataFrame) -> np.ndarray:
+        """Seconds for rows that already went through prepare(); a family without a model gets the roofline x 2."""
+        out = np.empty(df.height)
+        fams = df["family"].to_numpy()
+        X = kernel_features(df).to_numpy()
+        roof = df["roof_s"].to_numpy()
+        for fam in np.unique(fams):
+            idx = fams == fam
+            model = self.models_.get(fam)
+            ratio = 10.0 ** model.predict(X[idx]) if model is not None else 2.0
+            out[idx] = roof[idx] * ratio
+        return out
+
+    def predict(self, probes: pl.DataFrame) -> np.ndarray:
+        return self.predict_prepared(self.prepare(probes))

@@ -1,0 +1,63 @@
+"""Plots people would rather look at than tables (needs the `plot` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from perfpredict.core.errors import PerfPredictError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise PerfPredictError("plots need matplotlib: pip install 'perfpredict[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def pareto_front(mem: np.ndarray, thr: np.ndarray) -> np.ndarray:
+    """Indices of plans no other plan beats on both lower memory and higher throughput."""
+    order = np.lexsort((-thr, mem))
+    best, front = -np.inf, []
+    for i in order:
+        if thr[i] > best:
+            front.append(i)
+            best = thr[i]
+    return np.array(front, dtype=int)
+
+
+def pareto_plot(ranking, path: Path | str) -> Path:
+    plt = _pyplot()
+    df = ranking.table
+    mem = df["peak_memory_gib"].to_numpy()
+    thr = df["samples_per_s"].to_numpy()
+    fits = df["fits"].to_numpy()
+    cap = float(df["g_memory_gib"][0])
+    fig, ax = plt.subplots(figsize=(9, 6))
+    ax.scatter(mem[fits], thr[fits], s=10, alpha=0.5, label=f"fits ({fits.sum()})")
+    ax.scatter(mem[~fits], thr[~fits], s=10, alpha=0.3, c="grey", label=f"predicted OOM ({(~fits).sum()})")
+    if fits.any():
+        idx = np.flatnonzero(fits)[pareto_front(mem[fits], thr[fits])]
+        ax.plot(mem[idx], thr[idx], "r-o", ms=4, label="Pareto front")
+        ax.annotate("#1 " + df["plan"][0], (mem[0], thr[0]), fontsize=7, xytext=(5, 5), textcoords="offset points")
+    ax.axvline(cap, color="k", ls="--", lw=1, label=f"GPU memory {cap:.0f} GiB")
+    margin = getattr(ranking, "oom_margin", 0.0)
+    if margin > 0:
+        ax.axvline(cap / (1 + margin), color="k", ls=":", lw=1,
+                   label=f"fit limit with the calibrated {100 * margin:.0f}% margin")
+    unit = "pairs" if ranking.workload.is_preference else "samples"
+    ax.set_xlabel("predicted peak memory per GPU (GiB)")
+    ax.set_ylabel(f"predicted {unit}/s")
+    ax.set_title(f"{ranking.model.name} on {ranking.cluster.gpus} x {ranking.cluster.gpu.name}: "
+                 f"{ranking.workload.objective}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,113 @@
+"""Predictions for scenarios and plan frames, from a trained bundle. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from perfpredict.core.scenario import Scenario
+from perfpredict.features.descriptors import describe
+from perfpredict.predictor.bundle import Bundle, default_path
+from perfpredict.predictor.compose import compose
+
+c = pl.col
+
+
+@cache
+def _load(path: str) -> Bundle:
+    return Bundle.load(path)
+
+
+def load_predictor(path: Path | str | None = None) -> Bundle:
+    return _load(str(path or default_path()))
+
+
+def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described: bool = False) -> pl.DataFrame:
+    """Flat scenario rows -> the same rows with descriptors, the composition and every prediction column."""
+    b = bundle or load_predictor()
+    df = flat if described else describe(flat)
+    df = compose(df, b.kernels)
+    b.check_features(df)
+    t = b.time.predict(df)
+    mem = b.memory.predict(df)
+    tlo, thi = b.time_interval
+    mlo, mhi = b.memory_interval
+    ratio = t / df["k_step_s"].to_numpy()
+    mratio = mem / df["d_mem_gib"].to_numpy()
+    tokens = df["d_tokens_per_step"].to_numpy()
+    samples = df["w_global_batch"].to_numpy().astype(float)
+    peak = np.where(df["w_precision"].to_numpy() == "fp32", df["g_fp32_tflops"].to_numpy(),
+                    df["g_bf16_tflops"].to_numpy()) * 1e12
+    mfu = df["d_model_flops_per_step"].to_numpy() / (t * peak * df["c_gpus"].to_numpy())
+    cap = df["g_memory_gib"].to_numpy()
+    out = df.with_columns(
+        step_time_s=pl.Series(t), step_time_lo_s=pl.Series(t * 10**tlo), step_time_hi_s=pl.Series(t * 10**thi),
+        tokens_per_s=pl.Series(tokens / t), samples_per_s=pl.Series(samples / t),
+        peak_memory_gib=pl.Series(mem), peak_memory_lo_gib=pl.Series(mem * 10**mlo),
+        peak_memory_hi_gib=pl.Series(mem * 10**mhi),
+        fits=pl.Series(mem * (1.0 + b.oom_margin) <= cap),
+        mfu=pl.Series(mfu),
+        b_compute_s=pl.Series(df["k_compute_s"].to_numpy() * ratio),
+        b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"]).to_numpy() * ratio),
+        b_dp_comm_s=pl.Series((df["k_dp_s"] + df["k_zero3_s"]).to_numpy() * ratio),
+        b_pp_comm_s=pl.Series(df["k_pp_s"].to_numpy() * ratio),
+        b_bubble_s=pl.Series(df["k_bubble_s"].to_numpy() * ratio),
+        b_optimizer_s=pl.Series((df["k_optim_s"] + df["d_host_s"]).to_numpy() * ratio),
+        m_states_gib=pl.Series(df["d_states_gib"].to_numpy() * mratio),
+        m_activations_gib=pl.Series(df["d_act_gib"].to_numpy() * mratio),
+        m_logits_gib=pl.Series(df["d_logits_gib"].to_numpy() * mratio),
+        m_reference_gib=pl.Series(df["d_ref_gib"].to_numpy() * mratio),
+    )
+    parts = ["b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s"]
+    names = ["compute", "TP communication", "DP communication", "pipeline communication", "pipeline bubble",
+             "optimizer/offload"]
+    dom = np.array(names)[np.argmax(out.select(parts).to_numpy(), axis=1)]
+    return out.with_columns(dominant=pl.Series(dom))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time_s: float
+    tokens_per_s: float
+    samples_per_s: float  # pairs per second for preference objectives
+    peak_memory_gib: float
+    fits: bool
+    mfu: float
+    step_time_interval_s: tuple[float, float]
+    peak_memory_interval_gib: tuple[float, float]
+    breakdown: dict[str, float]
+    dominant: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _row_prediction(r: dict[str, Any]) -> Prediction:
+    return Prediction(
+        step_time_s=r["step_time_s"], tokens_per_s=r["tokens_per_s"], samples_per_s=r["samples_per_s"],
+        peak_memory_gib=r["peak_memory_gib"], fits=bool(r["fits"]), mfu=r["mfu"],
+        step_time_interval_s=(r["step_time_lo_s"], r["step_time_hi_s"]),
+        peak_memory_interval_gib=(r["peak_memory_lo_gib"], r["peak_memory_hi_gib"]),
+        breakdown={"compute_s": r["b_compute_s"], "tp_comm_s": r["b_tp_comm_s"], "dp_comm_s": r["b_dp_comm_s"],
+                   "pp_comm_s": r["b_pp_comm_s"], "bubble_s": r["b_bubble_s"], "optimizer_s": r["b_optimizer_s"],
+                   "states_gib": r["m_states_gib"], "activations_gib": r["m_activations_gib"],
+                   "logits_gib": r["m_logits_gib"], "reference_gib": r["m_reference_gib"]},
+        dominant=r["dominant"])
+
+
+def predict_many(scenarios: list[Scenario], *, bundle: Bundle | None = None) -> list[Prediction]:
+    df = predict_frame(pl.DataFrame([s.to_flat() for s in scenarios]), bundle=bundle)
+    return [_row_prediction(r) for r in df.iter_rows(named=True)]
+
+
+def predict(scenario: Scenario | dict, *, bundle: Bundle | None = None) -> Prediction:
+    """One prediction: step time, tokens/s, samples/s (pairs/s for preference objectives), peak memory, fits,
+    intervals and the breakdown. Accepts a Scenario or its dict form (model may be a catalog name)."""
+    if isinstance(scenario, dict):
+        scenario = Scenario.from_dict(scenario)
+    return predict_many([scenario], bundle=bundle)[0]

@@ -1,0 +1,128 @@
+"""Rank every legal plan of a (model, cluster, workload) by predicted throughput, from the learned predictor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import polars as pl
+
+from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.hardware import Cluster
+from perfpredict.core.model import ModelSpec
+from perfpredict.core.workload import Workload
+from perfpredict.features.frame import plans_frame
+from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
+from perfpredict.predictor.bundle import Bundle
+from perfpredict.predictor.predict import load_predictor, predict_frame
+
+c = pl.col
+RANK_COLUMNS = (
+    "rank", "plan", "p_framework", "p_tp", "p_pp", "p_dp", "p_cp", "p_sp", "p_zero", "p_micro_batch",
+    "p_grad_accum", "p_recompute", "p_offload", "p_schedule", "p_vstages", "samples_per_s", "tokens_per_s",
+    "step_time_s", "step_time_lo_s", "step_time_hi_s", "time_to_finish_h", "peak_memory_gib",
+    "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", "b_compute_s", "b_tp_comm_s",
+    "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s", "m_states_gib", "m_activations_gib",
+    "m_logits_gib", "m_reference_gib", "g_memory_gib",
+)
+
+
+@dataclass
+class Ranking:
+    table: pl.DataFrame  # every legal plan, fitting ones first, best predicted throughput first
+    rejections: Rejections
+    cluster: Cluster
+    workload: Workload
+    model: ModelSpec
+    oom_margin: float = 0.0  # fits when predicted peak x (1 + margin) <= GPU memory
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fitting(self) -> pl.DataFrame:
+        return self.table.filter(c("fits"))
+
+    @property
+    def misses(self) -> pl.DataFrame:
+        return self.table.filter(~c("fits")).sort("peak_memory_gib")
+
+
+def _label_expr() -> pl.Expr:
+    parts = [c("p_framework"), pl.lit(" tp"), c("p_tp").cast(pl.Utf8), pl.lit(" pp"), c("p_pp").cast(pl.Utf8),
+             pl.lit(" dp"), c("p_dp").cast(pl.Utf8),
+             pl.when(c("p_cp") > 1).then(pl.lit(" cp") + c("p_cp").cast(pl.Utf8)).otherwise(pl.lit("")),
+             pl.when(c("p_sp")).then(pl.lit(" sp")).otherwise(pl.lit("")),
+             pl.lit(" z"), c("p_zero").cast(pl.Utf8), pl.lit(" mb"), c("p_micro_batch").cast(pl.Utf8),
+             pl.lit(" ga"), c("p_grad_accum").cast(pl.Utf8),
+             pl.when(c("p_recompute") != "none").then(pl.lit(" rc-") + c("p_recompute")).otherwise(pl.lit("")),
+             pl.when(c("p_offload")).then(pl.lit(" offload")).otherwise(pl.lit("")),
+             pl.when(c("p_pp") > 1).then(pl.lit(" ") + c("p_schedule")).otherwise(pl.lit(""))]
+    return pl.concat_str(parts)
+
+
+def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
+               bundle: Bundle | None = None) -> Ranking:
+    rej = Rejections()
+    plans = list(enumerate_plans(model, cluster, workload, space, rej))
+    if not plans:
+        reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
+        raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
+                               f"{workload.global_batch}: {reasons}")
+    bundle = bundle or load_predictor()
+    df = predict_frame(plans_frame(model, cluster, workload, plans), bundle=bundle)
+    # Time to finish: the dataset's samples at the predicted rate, plus the one-off reference pass when the
+    # reference log-probs are precomputed (a forward over the dataset at the step's achieved FLOP rate).
+    rate = c("d_flops_per_step") / c("step_time_s")
+    total = c("w_dataset_size").cast(pl.Float64) * c("w_epochs")
+    df = df.with_columns(
+        plan=_label_expr(),
+        time_to_finish_h=pl.when(total > 0).then(
+            (total / c("samples_per_s") + c("d_precompute_flops") / rate) / 3600.0).otherwise(None),
+    ).sort(["fits", "samples_per_s"], descending=[True, True]).with_row_index("rank", offset=1)
+    return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
+                   cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin)
+
+
+def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
+                   bundle: Bundle | None = None) -> list[str]:
+    """When nothing fits: which single change makes some plan fit (more GPUs, a precomputed or offloaded
+    reference), each with the best plan it gives."""
+    tips = []
+    variants: list[tuple[str, Cluster, Workload]] = []
+    if workload.reference == "live":
+        variants.append(("precompute the reference log-probs (--reference precomputed)", cluster,
+                         replace(workload, reference="precomputed")))
+        variants.append(("offload the reference model (--reference offloaded)", cluster,
+                         replace(workload, reference="offloaded")))
+    for mult in (2, 4, 8):
+        bigger = replace(cluster, nodes=cluster.nodes * mult) if cluster.nodes > 1 or cluster.gpus_per_node >= 8 \
+            else replace(cluster, gpus_per_node=cluster.gpus_per_node * mult)
+        variants.append((f"use {bigger.gpus} GPUs", bigger, workload))
+    for tip, cl, wl in variants:
+        try:
+            r = rank_plans(model=model, cluster=cl, workload=wl, space=space, bundle=bundle)
+        except PerfPredictError:
+            continue
+        if r.fitting.height:
+            best = r.fitting.row(0, named=True)
+            tips.append(f"{tip}: best {best['plan']} at {best['samples_per_s']:.3g} samples/s, "
+                        f"{best['peak_memory_gib']:.1f} GiB")
+            if tip.startswith("use"):
+                break
+    return tips
+
+
+def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, target_samples_per_s: float,
+                space: PlanSpace | None = None, bundle: Bundle | None = None, max_nodes: int = 128
+                ) -> Ranking | None:
+    """The smallest cluster of this GPU (whole nodes beyond one) whose best fitting plan meets the target."""
+    gpn = cluster.gpus_per_node
+    counts = [g for g in (1, 2, 4) if g < gpn] + [gpn * n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+                                                  if n <= max_nodes]
+    for g in counts:
+        cl = replace(cluster, gpus_per_node=min(g, gpn), nodes=max(1, g // gpn))
+        try:
+            r = rank_plans(model=model, cluster=cl, workload=workload, space=space, bundle=bundle)
+        except PerfPredictError:
+            continue
+        if r.fitting.height and r.fitting["samples_per_s"][0] >= target_samples_per_s:
+            return r
+    return None

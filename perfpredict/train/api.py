@@ -1,0 +1,19 @@
+"""Keyword-only training entry points."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from perfpredict.train.fit import train_bundle
+
+
+def train(*, data: Path | str, out: Path | str, seed: int = 0, evaluate_too: bool = False,
+          progress: Callable[[str], None] | None = None) -> Path:
+    bundle, _ = train_bundle(data=data, seed=seed, progress=progress)
+    if evaluate_too:
+        from perfpredict.train.evaluate import evaluate
+
+        res = evaluate(data=data, seed=seed, progress=progress)
+        bundle.metadata["evaluation"] = {k: v.to_dicts() for k, v in res.items() if k.startswith("by_")}
+    return bundle.save(out)

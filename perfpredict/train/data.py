@@ -1,0 +1,67 @@
+"""Load the committed datasets and pick the rows each model may learn from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from perfpredict.core.dataset import read_tables
+from perfpredict.core.errors import PerfPredictError
+from perfpredict.features.descriptors import describe
+
+c = pl.col
+REQUIRED_FLAT = ("m_layers", "m_hidden", "g_name", "c_gpus", "w_seq_len", "p_tp", "p_framework")
+# CPU timing gate from shared/notes/cpu-measurement.md: a run whose calibration workload slowed past this measured
+# a busy machine, not the plan.
+MAX_CALIB_RATIO = 1.25
+
+
+def default_data_root() -> Path:
+    here = Path.cwd() / "datasets"
+    if here.exists():
+        return here
+    return Path(__file__).resolve().parents[2] / "datasets"
+
+
+def load_runs(root: Path | str) -> pl.DataFrame:
+    runs = read_tables(root, "runs")
+    if runs.is_empty():
+        raise PerfPredictError(f"no runs*.parquet under {str(root)!r}; run `perfpredict collect runs` or import public data")
+    missing = [k for k in REQUIRED_FLAT if k not in runs.columns]
+    if missing:
+        raise PerfPredictError(f"runs under {str(root)!r} lack scenario columns {missing}")
+    runs = runs.filter(pl.all_horizontal([c(k).is_not_null() for k in REQUIRED_FLAT]))
+    if "oversubscribed" not in runs.columns:
+        runs = runs.with_columns(oversubscribed=pl.lit(False))
+    # Unique group labels for held-out evaluation.
+    return describe(runs).with_columns(
+        model_group=pl.concat_str([c("source"), c("m_name")], separator=":"),
+        cluster_group=pl.concat_str([c("source"), c("m_name"), c("g_name"), c("c_gpus").cast(pl.Utf8),
+                                     c("w_seq_len").cast(pl.Utf8), c("w_global_batch").cast(pl.Utf8),
+                                     c("w_objective")], separator=":"),
+    )
+
+
+def load_probes(root: Path | str) -> pl.DataFrame:
+    probes = read_tables(root, "probes")
+    if probes.is_empty():
+        raise PerfPredictError(f"no probes*.parquet under {str(root)!r}; run `perfpredict collect probes`")
+    return probes
+
+
+def time_rows(runs: pl.DataFrame) -> pl.DataFrame:
+    """Rows whose step time is a label: measured ok, not an oversubscribed CPU, calibration gate passed."""
+    ok = (c("outcome") == "ok") & (c("step_time_s") > 0) & ~c("oversubscribed").fill_null(False)
+    if "calib_ratio" in runs.columns:
+        ok = ok & (c("calib_ratio").fill_null(1.0) <= MAX_CALIB_RATIO)
+    return runs.filter(ok)
+
+
+def memory_rows(runs: pl.DataFrame) -> pl.DataFrame:
+    return runs.filter((c("outcome") == "ok") & (c("peak_memory_gib") > 0))
+
+
+def oom_rows(runs: pl.DataFrame) -> pl.DataFrame:
+    """Rows with a known fit/OOM outcome."""
+    return runs.filter(c("outcome").is_in(["ok", "oom"])).with_columns(fits=c("outcome") == "ok")
