@@ -1,0 +1,120 @@
+"""`perfpredict rank` and `perfpredict predict` through typer's CliRunner, on the shipped default predictor."""
+
+import csv
+import io
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from perfpredict.cli import app
+
+runner = CliRunner()
+BASE = ["rank", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--gpus", "16", "--gpus-per-node", "8",
+        "--objective", "dpo", "--pairs", "60000", "--seq-len", "2048", "--global-batch", "64"]
+
+
+def test_rank_table_and_explain():
+    r = runner.invoke(app, BASE + ["--top", "5", "--explain", "--target-pairs-per-s", "1"])
+    assert r.exit_code == 0, r.output
+    assert "legal plans" in r.output and "predicted to fit" in r.output
+    assert "top 5 plans" in r.output and "pairs/s" in r.output
+    assert "#1 is" in r.output and "meets it" in r.output
+
+
+def test_rank_json_stdout_is_the_whole_ranking():
+    r = runner.invoke(app, BASE + ["--json", "-"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    assert len(rows) > 100
+    fits = [x for x in rows if x["fits"]]
+    assert fits[0]["rank"] == 1
+    assert fits[0]["samples_per_s"] >= max(x["samples_per_s"] for x in fits)
+    for k in ("plan", "samples_per_s", "tokens_per_s", "peak_memory_gib", "mfu", "dominant", "time_to_finish_h"):
+        assert k in rows[0]
+
+
+def test_rank_csv_file(tmp_path):
+    p = tmp_path / "r.csv"
+    r = runner.invoke(app, BASE + ["--csv", str(p)])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(io.StringIO(p.read_text())))
+    assert len(rows) > 100 and float(rows[0]["samples_per_s"]) > 0
+
+
+def test_rank_plot(tmp_path):
+    p = tmp_path / "pareto.png"
+    r = runner.invoke(app, BASE + ["--plot", str(p)])
+    assert r.exit_code == 0, r.output
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 20_000
+
+
+def test_rank_gpus_auto_finds_a_cluster():
+    r = runner.invoke(app, ["rank", "--model", "llama-3.2-1b", "--gpu", "a100-sxm-80gb", "--gpus", "auto",
+                            "--objective", "sft", "--global-batch", "64", "--seq-len", "1024",
+                            "--target-pairs-per-s", "20", "--top", "3"])
+    assert r.exit_code == 0, r.output
+    assert "fewest GPUs meeting" in r.output
+
+
+def test_nothing_fits_says_what_would():
+    r = runner.invoke(app, ["rank", "--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--gpus", "2",
+                            "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "4096"])
+    assert r.exit_code == 0, r.output
+    assert "0 predicted to fit" in r.output and "What would" in r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--gpu", "h100"], "close names"),
+    (["--model", "llama-99b"], "unknown model"),
+    (["--gpus", "-3"], "--gpus must be a positive integer or 'auto'"),
+    (["--gpus", "auto"], "--gpus auto needs --target-pairs-per-s"),
+    (["--json", "-", "--csv", "-"], "both write to stdout"),
+    (["--objective", "simpo", "--reference", "live"], "has no reference model"),
+    (["--global-batch", "0"], "global_batch must be a positive integer"),
+    (["--emit", "cuda"], "accepted"),
+])
+def test_rank_bad_input_is_one_line(args, fragment):
+    base = dict(zip(BASE[1::2], BASE[2::2], strict=False))
+    argv = ["rank"]
+    overrides = dict(zip(args[0::2], args[1::2], strict=False))
+    for k, v in {**base, **overrides}.items():
+        argv += [k, v]
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert fragment in r.output, r.output
+
+
+def test_predict_file_json_lines(tmp_path):
+    one = json.loads(open("examples/scenario-8b-pretrain.json").read())
+    two = json.loads(open("examples/scenario-8b-dpo.json").read())
+    p = tmp_path / "s.jsonl"
+    p.write_text(json.dumps(one) + "\n" + json.dumps(two) + "\n")
+    r = runner.invoke(app, ["predict", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    out = [json.loads(line) for line in r.output.splitlines()]
+    assert len(out) == 2
+    for o in out:
+        assert {"step_time_s", "tokens_per_s", "samples_per_s", "peak_memory_gib", "fits"} <= set(o)
+        assert o["step_time_interval_s"][0] <= o["step_time_s"] <= o["step_time_interval_s"][1]
+    # Same order as the file: the DPO scenario moves 2 sequences per pair.
+    assert out[1]["tokens_per_s"] == pytest.approx(out[1]["samples_per_s"] * 2 * 2048)
+
+
+def test_predict_table():
+    r = runner.invoke(app, ["predict", "examples/scenario-8b-dpo.json"])
+    assert r.exit_code == 0, r.output
+    assert "samples/s" in r.output
+
+
+def test_library_rank_keyword_only():
+    import perfpredict
+    from perfpredict.core import Cluster, Workload, get_gpu
+
+    df = perfpredict.rank(model="qwen2.5-0.5b", cluster=Cluster(get_gpu("a100-sxm-80gb"), 8, 1),
+                          workload=Workload(objective="orpo", seq_len=1024, global_batch=32), top=5)
+    assert df.height == 5 and df["samples_per_s"].is_sorted(descending=True)
+    with pytest.raises(TypeError):
+        perfpredict.rank("qwen2.5-0.5b")  # keyword-only
