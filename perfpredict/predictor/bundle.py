@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import xgboost as xgb
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.predictor.gb import GBRegressor, xgb
 from perfpredict.predictor.kernels import KernelModel
 from perfpredict.predictor.plan_model import RatioRegressor
 
@@ -22,13 +22,14 @@ MODEL_SCHEMA_VERSION = 1
 
 
 def versions() -> dict[str, str]:
+    from importlib.metadata import version
+
     import numpy
-    import sklearn
 
     import perfpredict
 
     return {"perfpredict": perfpredict.__version__, "xgboost": xgb.__version__, "polars": pl.__version__,
-            "numpy": numpy.__version__, "scikit-learn": sklearn.__version__}
+            "numpy": numpy.__version__, "scikit-learn": version("scikit-learn")}
 
 
 @dataclass
@@ -86,16 +87,13 @@ class Bundle:
             if not (path / name).exists():
                 raise PerfPredictError(f"predictor at {str(path)!r} lacks {name}; retrain with `perfpredict train`")
             if key.startswith("kernel_"):
-                m = xgb.XGBRegressor()
-                m.load_model(path / name)
-                kernels.models_[key.removeprefix("kernel_")] = m
+                kernels.models_[key.removeprefix("kernel_")] = GBRegressor.load_model(path / name)
         kernels.feature_names_ = meta["features"]["kernel"]
         kernels.families_ = meta.get("kernel_families", {})
         regs = {}
         for kind, base in (("time", "k_step_s"), ("memory", "d_mem_gib")):
             r = RatioRegressor(featurizer=kind, baseline=base)
-            r.model_ = xgb.XGBRegressor()
-            r.model_.load_model(path / meta["files"][f"plan_{kind}"])
+            r.model_ = GBRegressor.load_model(path / meta["files"][f"plan_{kind}"])
             r.feature_names_ = meta["features"][kind]
             regs[kind] = r
         return cls(kernels=kernels, time=regs["time"], memory=regs["memory"],

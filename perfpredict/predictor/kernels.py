@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-import xgboost as xgb
-
+from perfpredict.predictor.gb import GBRegressor
 from perfpredict.predictor.hardware_frame import with_hardware
 
 c = pl.col
@@ -134,8 +133,7 @@ class KernelModel:
                 continue
             X = kernel_features(sub).to_numpy()
             y = np.log10(sub["time_s"].to_numpy() / sub["roof_s"].to_numpy())
-            model = xgb.XGBRegressor(**(self.params or XGB_PARAMS), random_state=self.seed)
-            model.fit(X, y)
+            model = GBRegressor(seed=self.seed, **(self.params or XGB_PARAMS)).fit(X, y)
             self.models_[fam] = model
             self.families_[fam] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list())}
         return self

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-import xgboost as xgb
+
+from perfpredict.predictor.gb import GBRegressor
 
 c = pl.col
 FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")
@@ -100,7 +101,7 @@ class RatioRegressor:
     def fit(self, df: pl.DataFrame, y: np.ndarray, weight: np.ndarray | None = None) -> RatioRegressor:
         self.feature_names_ = self.feature_names(df)
         target = np.log10(y / df[self.baseline].to_numpy())
-        self.model_ = xgb.XGBRegressor(**(self.params or XGB_PLAN), random_state=self.seed)
+        self.model_ = GBRegressor(seed=self.seed, **(self.params or XGB_PLAN))
         self.model_.fit(self._X(df), target, sample_weight=weight)
         self.n_train_ = df.height
         return self
