@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+
 from perfpredict.predictor.gb import GBRegressor
 from perfpredict.predictor.hardware_frame import with_hardware
 
