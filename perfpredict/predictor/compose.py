@@ -17,6 +17,12 @@ c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
                "head_dim", "numel", "bytes", "world_size", "ranks_per_node")
 PARTS = ("compute", "tp", "pp", "cp", "dp", "zero3", "optim")
+# Kernels a decoder layer launches per micro-batch in eager PyTorch-based trainers: about 15 forward (norms, four
+# GEMMs, rotary, attention, activation, residuals) and twice that backward. Each costs a launch/dispatch floor
+# whatever its size (about 10 us on a GPU, more through the CPU dispatcher): small models and micro-batches are
+# bound by it, which kernel timings taken in isolation do not show.
+KERNELS_FWD_PER_LAYER = 15.0
+KERNELS_BWD_PER_LAYER = 30.0
 
 
 def _i(e: pl.Expr) -> pl.Expr:
@@ -183,12 +189,18 @@ def compose(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_s") for p in PARTS])
     out = desc.with_row_index("row").join(parts, on="row", how="left").drop("row")
     out = out.with_columns([c(f"k_{p}_s").fill_null(0.0) for p in PARTS])
-    stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_pp_s")
+    launch = pl.when(c("g_name") == "cpu").then(3e-5).otherwise(2e-5)
+    fwd_passes = (1.0 + (c("p_recompute") == "full").cast(pl.Float64)
+                  + c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64))
+    n_kernels = (c("p_grad_accum") * c("m_layers") / c("p_pp")
+                 * (KERNELS_FWD_PER_LAYER * fwd_passes + KERNELS_BWD_PER_LAYER))
+    out = out.with_columns(k_launch_s=n_kernels * launch)
+    stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
         k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s"),
     ).with_columns(
         k_bubble_s=stage * c("d_bubble_frac") / (1.0 - c("d_bubble_frac")),
-        **{f"k_{p}_frac": c(f"k_{p}_s") / c("k_step_s") for p in PARTS},
+        **{f"k_{p}_frac": c(f"k_{p}_s") / c("k_step_s") for p in (*PARTS, "launch")},
     )
 
 

@@ -56,7 +56,7 @@ def time_features(df: pl.DataFrame) -> pl.DataFrame:
         *common_features(df),
         _log(c("k_step_s")).alias("f_log_composed"), _log(c("d_analytic_step_s")).alias("f_log_analytic"),
         *[c(f"k_{p}_frac").fill_nan(0.0).alias(f"f_{p}_frac")
-          for p in ("compute", "tp", "pp", "cp", "dp", "zero3", "optim")],
+          for p in ("compute", "tp", "pp", "cp", "dp", "zero3", "optim", "launch")],
         c("d_comm_frac").alias("f_analytic_comm_frac"),
         _log(c("d_flops_per_gpu")).alias("f_log_flops_gpu"),
         c("d_tp_cross_node").cast(pl.Float64).alias("f_tp_cross"),

@@ -52,7 +52,7 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         peak_memory_hi_gib=pl.Series(mem * 10**mhi),
         fits=pl.Series(mem * (1.0 + b.oom_margin) <= cap),
         mfu=pl.Series(mfu),
-        b_compute_s=pl.Series(df["k_compute_s"].to_numpy() * ratio),
+        b_compute_s=pl.Series((df["k_compute_s"] + df["k_launch_s"]).to_numpy() * ratio),
         b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"]).to_numpy() * ratio),
         b_dp_comm_s=pl.Series((df["k_dp_s"] + df["k_zero3_s"]).to_numpy() * ratio),
         b_pp_comm_s=pl.Series(df["k_pp_s"].to_numpy() * ratio),
