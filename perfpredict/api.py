@@ -130,13 +130,22 @@ def predict_file(*, path: Path | str, predictor: Path | str | None = None) -> li
     return predict_many(scenarios, bundle=_bundle(predictor))
 
 
-def emit_winner(*, ranking, target: str, out_dir: Path | str) -> list[Path]:
-    from perfpredict.predictor.emit import emit, write_emitted
+def _plan_of(row: dict) -> Plan:
+    return Plan(tp=row["p_tp"], pp=row["p_pp"], dp=row["p_dp"], cp=row["p_cp"], sequence_parallel=row["p_sp"],
+                zero=row["p_zero"], recompute=row["p_recompute"], micro_batch=row["p_micro_batch"],
+                grad_accum=row["p_grad_accum"], optimizer_offload=row["p_offload"], framework=row["p_framework"],
+                schedule=row["p_schedule"], virtual_stages=row["p_vstages"])
 
-    best = ranking.fitting.row(0, named=True)
-    plan = Plan(tp=best["p_tp"], pp=best["p_pp"], dp=best["p_dp"], cp=best["p_cp"], sequence_parallel=best["p_sp"],
-                zero=best["p_zero"], recompute=best["p_recompute"], micro_batch=best["p_micro_batch"],
-                grad_accum=best["p_grad_accum"], optimizer_offload=best["p_offload"], framework=best["p_framework"],
-                schedule=best["p_schedule"], virtual_stages=best["p_vstages"])
-    files = emit(target, model=ranking.model, cluster=ranking.cluster, workload=ranking.workload, plan=plan)
-    return write_emitted(files, out_dir)
+
+def emit_winner(*, ranking, target: str, out_dir: Path | str) -> tuple[int, list[Path]]:
+    """Write what runs the best-ranked fitting plan that `target` can run; returns its rank and the files."""
+    from perfpredict.predictor.emit import TARGETS, emit, fitting_targets, write_emitted
+
+    if target not in TARGETS:
+        raise PerfPredictError(f"unknown emit target {target!r}; accepted: {', '.join(TARGETS)}")
+    for row in ranking.fitting.iter_rows(named=True):
+        plan = _plan_of(row)
+        if target in fitting_targets(model=ranking.model, workload=ranking.workload, plan=plan):
+            files = emit(target, model=ranking.model, cluster=ranking.cluster, workload=ranking.workload, plan=plan)
+            return row["rank"], write_emitted(files, out_dir)
+    raise PerfPredictError(f"no fitting plan can be run by {target}; try --framework to rank its plans only")

@@ -118,3 +118,40 @@ def test_library_rank_keyword_only():
     assert df.height == 5 and df["samples_per_s"].is_sorted(descending=True)
     with pytest.raises(TypeError):
         perfpredict.rank("qwen2.5-0.5b")  # keyword-only
+
+
+@pytest.mark.parametrize("target, framework", [("deepspeed", "deepspeed"), ("fsdp", "fsdp"),
+                                               ("megatron", "megatron"), ("torchrun", "megatron"),
+                                               ("torchrun", "deepspeed")])
+def test_emit_targets_parse_back(tmp_path, target, framework):
+    import shlex
+
+    import yaml
+
+    out = tmp_path / "plan"
+    r = runner.invoke(app, BASE + ["--framework", framework, "--emit", target, "--emit-dir", str(out),
+                                   "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    import re
+
+    rank_no = int(re.search(r"emitting plan #(\d+)", r.output).group(1))
+    best = [x for x in json.loads((tmp_path / "r.json").read_text()) if x["rank"] == rank_no][0]
+    files = {p.name: p.read_text() for p in out.iterdir()}
+    assert files, r.output
+    for name, text in files.items():
+        if name.endswith(".json"):
+            d = json.loads(text)
+            if "train_micro_batch_size_per_gpu" in d:
+                assert d["train_micro_batch_size_per_gpu"] * d["gradient_accumulation_steps"] * best["p_dp"] == 64
+                assert d["zero_optimization"]["stage"] == best["p_zero"]
+            if "per_device_train_batch_size" in d:
+                assert d["per_device_train_batch_size"] == best["p_micro_batch"]
+        elif name.endswith(".yaml"):
+            d = yaml.safe_load(text)
+            assert d["num_processes"] == 16 and d["num_machines"] == 2
+        elif name.endswith(".txt"):
+            toks = shlex.split("\n".join(line for line in text.splitlines() if not line.startswith("#")))
+            assert toks[toks.index("--tensor-model-parallel-size") + 1] == str(best["p_tp"])
+            assert toks[toks.index("--pipeline-model-parallel-size") + 1] == str(best["p_pp"])
+        elif name.endswith(".sh"):
+            assert "--nnodes" in text or "--num_machines" in text

@@ -60,6 +60,7 @@ class Bundle:
             "features": {"kernel": self.kernels.feature_names_, "time": self.time.feature_names_,
                          "memory": self.memory.feature_names_},
             "kernel_families": self.kernels.families_,
+            "domains": {"time": self.time.domains_, "memory": self.memory.domains_},
             "time_interval_log10": list(self.time_interval),
             "memory_interval_log10": list(self.memory_interval),
             "oom_margin": self.oom_margin,
@@ -92,9 +93,10 @@ class Bundle:
         kernels.families_ = meta.get("kernel_families", {})
         regs = {}
         for kind, base in (("time", "k_step_s"), ("memory", "d_mem_gib")):
-            r = RatioRegressor(featurizer=kind, baseline=base)
+            r = RatioRegressor(featurizer=kind, baseline=base, domain_gated=kind == "time")
             r.model_ = GBRegressor.load_model(path / meta["files"][f"plan_{kind}"])
             r.feature_names_ = meta["features"][kind]
+            r.domains_ = [tuple(d) for d in meta.get("domains", {}).get(kind, [])]
             regs[kind] = r
         return cls(kernels=kernels, time=regs["time"], memory=regs["memory"],
                    time_interval=tuple(meta["time_interval_log10"]),

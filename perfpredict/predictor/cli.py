@@ -135,7 +135,10 @@ def rank_cmd(
             raise PerfPredictError("nothing fits, so there is no plan to emit")
         from perfpredict.api import emit_winner
 
-        for p in emit_winner(ranking=r, target=emit, out_dir=emit_dir):
+        rank_no, paths = emit_winner(ranking=r, target=emit, out_dir=emit_dir)
+        say(f"emitting plan #{rank_no} for {emit}" + ("" if rank_no == 1 else
+                                                       f" (#1 cannot be run by {emit}; #{rank_no} is the best it can)"))
+        for p in paths:
             say(f"wrote {p}")
 
 
