@@ -45,7 +45,7 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     m = c("p_grad_accum").cast(pl.Float64)
     layers = c("m_layers").cast(pl.Float64) / c("p_pp")
     t = c("p_tp").cast(pl.Float64)
-    d = c("p_dp").cast(pl.Float64)
+    d = (c("p_dp") * c("p_cp")).cast(pl.Float64)  # gradients reduce over dp x cp (same weights)
     ring_ar_t = 2.0 * (t - 1.0) / t
     # Megatron TP: two all-reduces forward and two backward per layer (or AG+RS pairs with SP, same volume);
     # full recompute repeats the forward pair; the reference forward adds a pair.
@@ -63,7 +63,7 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     param_gather = pl.when(c("p_zero").is_in([1, 2])).then(params * 2.0 * ring_d).otherwise(0.0)
     ref_gathers = pl.when(c("w_reference").is_in(["live"]) & (c("p_zero") >= 3)).then(1.0).otherwise(0.0)
     zero3 = pl.when(c("p_zero") >= 3).then(params * 2.0 * ring_d * m * (2.0 + ref_gathers)).otherwise(0.0)
-    dp_bytes = pl.when(c("p_dp") > 1).then(grad_sync + param_gather + zero3).otherwise(0.0)
+    dp_bytes = pl.when(d > 1).then(grad_sync + param_gather + zero3).otherwise(0.0)
     sp_div = pl.when(c("p_sp")).then(t).otherwise(1.0)
     pp_bytes = pl.when(c("p_pp") > 1).then(2.0 * m * sbh / sp_div * c("p_vstages")).otherwise(0.0)
     kv = s * b * c("m_kv_heads") * c("m_head_dim") * act_b / t
@@ -75,7 +75,7 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     cpu_adam = pl.when(c("p_offload")).then(params / pl.when(c("p_zero") >= 1).then(d).otherwise(1.0) * 1e-9).otherwise(0.0)
     ref_swap = pl.when(c("w_reference") == "offloaded").then(params * 2.0).otherwise(0.0)
     n_colls = (m * layers * tp_colls * pl.when(c("p_tp") > 1).then(1.0).otherwise(0.0)
-               + pl.when(c("p_dp") > 1).then(syncs * 20.0 + pl.when(c("p_zero") >= 3).then(m * 2.0 * layers).otherwise(0.0)).otherwise(0.0)
+               + pl.when(d > 1).then(syncs * 20.0 + pl.when(c("p_zero") >= 3).then(m * 2.0 * layers).otherwise(0.0)).otherwise(0.0)
                + pl.when(c("p_pp") > 1).then(2.0 * m * c("p_vstages")).otherwise(0.0))
     return df.with_columns(d_tp_bytes=tp_bytes, d_dp_bytes=dp_bytes, d_pp_bytes=pp_bytes, d_cp_bytes=cp_bytes,
                            d_host_bytes=offload + ref_swap, d_cpu_optim_s=cpu_adam, d_collectives=n_colls)
@@ -114,7 +114,7 @@ def analytic_time(df: pl.DataFrame) -> pl.DataFrame:
         d_host_s=c("d_host_bytes") / pcie + c("d_cpu_optim_s"),
         d_latency_total_s=c("d_collectives") * c("d_latency_s"),
         d_bubble_frac=bubble,
-        d_optim_s=c("d_params_rank") * 16.0 * 3.0 / pl.when(c("p_zero") >= 1).then(c("p_dp")).otherwise(1)
+        d_optim_s=c("d_params_rank") * 16.0 * 3.0 / pl.when(c("p_zero") >= 1).then(c("p_dp") * c("p_cp")).otherwise(1)
         / (c("g_hbm_tb_per_s") * 1e12),
     ).with_columns(
         d_analytic_step_s=(c("d_compute_s") + c("d_tp_comm_s") + c("d_pp_comm_s") + c("d_cp_comm_s"))

@@ -48,7 +48,9 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     master = pl.when(fp32 | (fw == "fsdp") | ~c("w_master_fp32")).then(0.0).otherwise(4.0)
     o = master + 8.0
     z = c("p_zero")
-    d = c("p_dp").cast(pl.Float64)
+    # Context-parallel ranks hold the same weights and join the gradient reduction: Megatron's distributed
+    # optimizer shards over the data-parallel-with-context-parallel group, dp x cp.
+    d = (c("p_dp") * c("p_cp")).cast(pl.Float64)
     w_sh = pl.when(z >= 3).then(w / d).otherwise(w)
     g_sh = pl.when(z >= 2).then(g / d).otherwise(g)
     o_sh = pl.when(z >= 1).then(o / d).otherwise(o)

@@ -50,14 +50,14 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         experts=pl.when(moe).then(c("m_experts")).otherwise(1).cast(pl.Float64),
         topk=pl.when(moe).then(c("m_experts_per_token")).otherwise(1).cast(pl.Float64),
         seqs=seqs.cast(pl.Float64), s=c("w_seq_len").cast(pl.Float64), cp=c("p_cp").cast(pl.Float64),
-        tp=c("p_tp"), dp=c("p_dp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
+        tp=c("p_tp"), dp=c("p_dp") * c("p_cp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
         vst=c("p_vstages").cast(pl.Float64), act_b=act_b,
         params=c("d_params_rank"), layer_params=c("m_layer_params").cast(pl.Float64),
         grad_b=pl.when(c("p_framework").is_in(["megatron", "nanotron"]) | (c("w_precision") == "fp32")).then(4).otherwise(2),
         syncs=pl.when(c("p_framework").is_in(["deepspeed", "fsdp"]) & (c("p_zero") >= 2))
         .then(c("p_grad_accum")).otherwise(1).cast(pl.Float64),
         tp_rpn=pl.min_horizontal(c("p_tp"), gpn),
-        dp_rpn=pl.max_horizontal(pl.lit(1), pl.min_horizontal(c("p_dp"), gpn // (c("p_tp") * c("p_cp")))),
+        dp_rpn=pl.max_horizontal(pl.lit(1), pl.min_horizontal(c("p_dp") * c("p_cp"), gpn // c("p_tp"))),
         pp_rpn=pl.when(c("d_pp_cross_node")).then(1).otherwise(2),
         tp_colls=4.0 + 2.0 * full + 2.0 * ref,
     )
