@@ -1,0 +1,86 @@
+"""`perfpredict collect ...`: thin typer commands over the keyword-only library functions.
+
+    perfpredict collect probes [--quick] [--out DIR]
+    perfpredict collect runs [--plans N] [--models M ...] [--out DIR] [--timeout S] [--seed N]
+
+Bad input raises PerfPredictError (one line; the top-level CLI prints it)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+from perfpredict.core.errors import PerfPredictError
+
+app = typer.Typer(help="Measure kernels, collectives and training steps on this machine (needs torch).",
+                  no_args_is_help=True, add_completion=False)
+
+
+def _command() -> str:
+    argv = sys.argv[:]
+    argv[0] = Path(argv[0]).name
+    return shlex.join(argv)
+
+
+@app.command()
+def probes(quick: bool = typer.Option(False, "--quick", help="A < 2 minute subset (CPU)."),
+           out: Path | None = typer.Option(None, "--out", help="Folder for probes.parquet "
+                                           "(default datasets/ours/<hardware hash>)."),
+           seed: int = typer.Option(0, "--seed", help="Seed of the shape sampling.")) -> None:
+    """GEMM, attention, memory-bound and collective probes -> probes.parquet."""
+    from rich.console import Console
+
+    from perfpredict.collect.probes import run_probes
+
+    console = Console(stderr=True)
+    path, df = run_probes(quick=quick, out_dir=out, command=_command(), seed=seed,
+                          log=lambda s: console.print(f"[dim]{s}[/]"))
+    bad = df.filter(df["outcome"] != "ok").height
+    console.print(f"{df.height} probe rows ({bad} failed) appended to {path}")
+
+
+@app.command()
+def runs(plans: int = typer.Option(20, "--plans", help="Number of sampled plans to measure."),
+         models: list[str] | None = typer.Option(None, "--models", help="Sweep model shapes (repeatable); "
+                                                 "default: all."),
+         out: Path | None = typer.Option(None, "--out", help="Folder for runs.parquet "
+                                         "(default datasets/ours/<hardware hash>)."),
+         timeout: float = typer.Option(600.0, "--timeout", help="Seconds before a run is killed and recorded "
+                                       "as a timeout."),
+         seed: int = typer.Option(0, "--seed", help="Seed of the plan sampling (same seed resumes)."),
+         warmup: int = typer.Option(2, "--warmup"), steps: int = typer.Option(5, "--steps"),
+         retries: int = typer.Option(2, "--retries", help="Retries of a disturbed run (calibration gate).")) -> None:
+    """Sample legal plans and measure full training steps under torchrun -> runs.parquet (resumable)."""
+    from perfpredict.collect.sweep import DEFAULT_MODELS, SHAPES, run_sweep
+
+    if plans < 1:
+        raise PerfPredictError(f"--plans must be >= 1, got {plans}")
+    if timeout <= 0:
+        raise PerfPredictError(f"--timeout must be positive, got {timeout}")
+    if steps < 1 or warmup < 0:
+        raise PerfPredictError("--steps must be >= 1 and --warmup >= 0")
+    chosen = tuple(models) if models else DEFAULT_MODELS
+    for m in chosen:
+        if m not in SHAPES:
+            raise PerfPredictError(f"unknown sweep model {m!r}; accepted: {', '.join(SHAPES)}")
+    import signal
+
+    # SIGTERM (kill PID, nohup'd sweeps) -> SystemExit, so the run in flight has its ranks killed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    run_sweep(n=plans, models=chosen, out_dir=out, timeout_s=timeout, seed=seed, warmup=warmup, steps=steps,
+              command=_command(), max_retries=retries)
+
+
+def main() -> None:  # standalone use: python -m perfpredict.collect.cli
+    try:
+        app()
+    except PerfPredictError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()
