@@ -21,10 +21,6 @@ PASSES = ("fwd", "bwd_input", "bwd_weight", "fwd_bwd", "bwd", "step", "comm")
 # Bytes each membound op moves per element of its main tensor (reads + writes, 16-bit), as implemented unfused.
 MEMBOUND_TRAFFIC = {"rmsnorm": 2.0, "layernorm": 2.0, "swiglu": 3.0, "gelu": 2.0, "softmax": 2.0,
                     "cross_entropy": 3.0, "add": 3.0, "adam": 8.0, "copy": 2.0}
-# Ring algorithm factors: bytes through each rank's link per buffer byte (nccl-tests' bus-bandwidth factors).
-ALGO = {"all_reduce": "2*(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
-        "all_to_all": "(n-1)/n", "send_recv": "1", "broadcast": "1"}
-
 
 def family_of(op: str) -> str:
     if op == "gemm":
@@ -44,6 +40,7 @@ def _peak_tflops() -> pl.Expr:
 
 
 def _algo_factor() -> pl.Expr:
+    """Bytes through each rank's link per buffer byte (the nccl-tests bus-bandwidth factors of a ring)."""
     n = c("world_size").cast(pl.Float64)
     return (pl.when(c("op") == "all_reduce").then(2.0 * (n - 1.0) / n)
             .when(c("op").is_in(["all_gather", "reduce_scatter", "all_to_all"])).then((n - 1.0) / n)
