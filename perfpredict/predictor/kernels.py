@@ -22,6 +22,7 @@ PASSES = ("fwd", "bwd_input", "bwd_weight", "fwd_bwd", "bwd", "step", "comm")
 MEMBOUND_TRAFFIC = {"rmsnorm": 2.0, "layernorm": 2.0, "swiglu": 3.0, "gelu": 2.0, "softmax": 2.0,
                     "cross_entropy": 3.0, "add": 3.0, "adam": 8.0, "copy": 2.0}
 
+
 def family_of(op: str) -> str:
     if op == "gemm":
         return "gemm"
