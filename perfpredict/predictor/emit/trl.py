@@ -1,0 +1,155 @@
+"""DeepSpeed and FSDP plans both run a TRL (or transformers) script under accelerate launch, so their trainer
+arguments, notes and accelerate settings are shared here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from perfpredict.predictor.emit.common import RDZV_PORT, Ctx
+
+_TRL_REF_OFFLOAD_NOTE = [
+    "reference 'offloaded': TRL's DPOTrainer has no flag to offload the reference model. Offloading the reference",
+    "between forward passes is NeMo-Aligner style (cpu_weight_swap) or OpenRLHF style (train_dpo --ref_offload; its",
+    "PPO script calls it --ref_reward_offload). TRL's equivalent is precompute_ref_log_probs: true, which computes the",
+    "reference log-probs once before training and keeps the reference off the GPU afterwards.",
+]
+
+
+def trainer(ctx: Ctx) -> dict[str, Any]:
+    """Which script runs the objective, the config class it parses, and the args file name."""
+    obj = ctx.workload.objective
+    if obj in ("dpo", "ipo"):
+        return {"script": "$TRL_DIR/trl/scripts/dpo.py", "config": "trl.DPOConfig", "file": "trl_dpo_args.json"}
+    if obj == "simpo":
+        return {"script": "$TRL_DIR/trl/experimental/cpo/cpo.py", "config": "trl.experimental.cpo.CPOConfig",
+                "file": "trl_cpo_args.json"}
+    if obj == "orpo":
+        return {"script": "$TRL_DIR/trl/experimental/orpo/orpo.py", "config": "trl.experimental.orpo.ORPOConfig",
+                "file": "trl_orpo_args.json"}
+    if obj == "sft":
+        return {"script": "$TRL_DIR/trl/scripts/sft.py", "config": "trl.SFTConfig", "file": None}
+    return {"script": "$TRANSFORMERS_DIR/examples/pytorch/language-modeling/run_clm.py",
+            "config": "transformers.TrainingArguments", "file": None}
+
+
+def _hf_gradient_checkpointing(ctx: Ctx) -> bool:
+    # Under FSDP, activation checkpointing is accelerate's fsdp_activation_checkpointing; transformers raises if
+    # TrainingArguments.gradient_checkpointing is also true.
+    return ctx.plan.recompute != "none" and ctx.plan.framework != "fsdp"
+
+
+def _trainer_args(ctx: Ctx) -> dict[str, Any]:
+    """TrainingArguments / TRL config fields, in the consumers' names. Per-device batch counts pairs for preference
+    objectives (TRL's per_device_train_batch_size counts pairs; chosen and rejected run as one concatenated batch)."""
+    p, w = ctx.plan, ctx.workload
+    gc = _hf_gradient_checkpointing(ctx)
+    args: dict[str, Any] = {
+        "output_dir": f"{ctx.model.name}-{w.objective}",
+        "per_device_train_batch_size": p.micro_batch,
+        "gradient_accumulation_steps": p.grad_accum,
+    }
+    if w.objective == "pretrain":
+        args["block_size"] = w.seq_len  # run_clm.py's DataTrainingArguments
+        args["do_train"] = True
+    else:
+        args["max_length"] = w.seq_len
+    args["bf16"] = w.precision == "bf16"
+    args["fp16"] = w.precision == "fp16"
+    args["gradient_checkpointing"] = gc
+    if gc:
+        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    if w.objective in ("dpo", "ipo"):
+        args["loss_type"] = "sigmoid" if w.objective == "dpo" else "ipo"
+        args["beta"] = 0.1
+        args["precompute_ref_log_probs"] = w.reference == "precomputed"
+    elif w.objective == "simpo":
+        args["loss_type"] = "simpo"
+        args["cpo_alpha"] = 0.0
+    elif w.objective == "orpo":
+        args["beta"] = 0.1
+    args["logging_steps"] = 10
+    return args
+
+
+def trainer_notes(ctx: Ctx) -> list[str]:
+    w, t = ctx.workload, trainer(ctx)
+    notes: list[str] = []
+    if ctx.pref:
+        notes.append(f"Trainer arguments ({t['config']}): {t['file']}; the torchrun target's launch.sh passes the "
+                     "same values as flags" + (" (trl/scripts/dpo.py also takes it as --config)."
+                                               if w.objective in ("dpo", "ipo") else "."))
+        notes.append(f"per_device_train_batch_size counts pairs: each GPU forwards {2 * ctx.plan.micro_batch} "
+                     "sequences (chosen + rejected concatenated).")
+    if w.objective in ("dpo", "ipo"):
+        notes.append("max_prompt_length is left out: TRL deprecates it (removal planned for 0.29); filter overlong "
+                     "prompts from the dataset instead, or add it for an older TRL.")
+        if w.objective == "ipo":
+            notes.append("loss_type ipo: beta is IPO's tau.")
+        if w.reference == "offloaded":
+            notes += _TRL_REF_OFFLOAD_NOTE
+    if w.objective == "simpo":
+        notes.append("SimPO runs as TRL's CPOTrainer with loss_type simpo and cpo_alpha 0 (a non-zero cpo_alpha is "
+                     "CPO-SimPO); tune beta and simpo_gamma for SimPO, whose good values differ from DPO's.")
+    if w.objective in ("simpo", "orpo"):
+        notes.append("CPO and ORPO live under trl.experimental in current TRL (trl.trainer in older releases).")
+    if ctx.plan.framework == "fsdp" and ctx.plan.recompute == "full":
+        notes.append("recompute full is fsdp_activation_checkpointing in the accelerate config; gradient_checkpointing "
+                     "stays false (transformers refuses both at once).")
+    return notes
+
+
+def trl_args_file(ctx: Ctx) -> dict[str, str]:
+    if not ctx.pref:
+        return {}
+    t = trainer(ctx)
+    return {t["file"]: json.dumps(_trainer_args(ctx), indent=2) + "\n"}
+
+
+def accelerate_common(ctx: Ctx) -> dict[str, Any]:
+    c = ctx.cluster
+    return {
+        "machine_rank": 0,
+        "main_process_port": RDZV_PORT,
+        "main_training_function": "main",
+        "num_machines": c.nodes,
+        "num_processes": c.gpus,
+        "rdzv_backend": "c10d" if c.nodes > 1 else "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+
+
+def accelerate_common_comments(ctx: Ctx) -> dict[str, list[str]]:
+    return {
+        "machine_rank": ["on each node pass --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR to accelerate "
+                         "launch (the torchrun target's launch.sh does)"],
+        "num_processes": [f"all GPUs: {ctx.cluster.nodes} node(s) x {ctx.cluster.gpus_per_node}"],
+    }
+
+
+def _cli_flags(args: dict[str, Any]) -> list[str]:
+    """HfArgumentParser flags: bools as true/false values, dicts as JSON strings."""
+    out: list[str] = []
+    for k, v in args.items():
+        if isinstance(v, bool):
+            val = "true" if v else "false"
+        elif isinstance(v, dict):
+            val = json.dumps(v)
+        else:
+            val = str(v)
+        out += [f"--{k}", val]
+    return out
+
+
+def accelerate_launch(ctx: Ctx, config_file: str) -> list[str]:
+    t = trainer(ctx)
+    cmd = ["accelerate", "launch", "--config_file", config_file,
+           "--num_machines", str(ctx.cluster.nodes), "--num_processes", str(ctx.cluster.gpus),
+           "--machine_rank", "$NODE_RANK", "--main_process_ip", "$MASTER_ADDR",
+           "--main_process_port", str(RDZV_PORT)]
+    if ctx.cluster.nodes > 1:
+        cmd += ["--rdzv_backend", "c10d"]
+    cmd += [t["script"], "--model_name_or_path", ctx.model_id, "--dataset_name", "$DATASET_NAME"]
+    cmd += _cli_flags(_trainer_args(ctx))
+    return cmd
