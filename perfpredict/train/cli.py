@@ -70,9 +70,10 @@ def evaluate_cmd(
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the metric tables as JSON")] = None,
 ) -> None:
-    """Held-out accuracy (leave-one-model-out by source, leave-one-hardware-out by hardware): step time MAPE,
-    median and p90 APE, peak-memory errors, OOM accuracy, ranking Spearman and top-1 regret, each beside the
-    composition-only and analytic baselines."""
+    """Held-out accuracy: leave-one-model-out per source, leave-one-hardware-out per hardware.
+
+    Step-time MAPE, median and p90 APE, peak-memory errors, OOM accuracy, ranking Spearman and top-1 regret, each
+    beside the composition-only and analytic baselines."""
     from perfpredict.train.evaluate import evaluate, plot_predicted_vs_measured
 
     with _progress() as prog:
