@@ -93,7 +93,7 @@ class Bundle:
         kernels.families_ = meta.get("kernel_families", {})
         regs = {}
         for kind, base in (("time", "k_step_s"), ("memory", "d_mem_gib")):
-            r = RatioRegressor(featurizer=kind, baseline=base, domain_gated=kind == "time")
+            r = RatioRegressor(featurizer=kind, baseline=base, domain="framework" if kind == "time" else "device")
             r.model_ = GBRegressor.load_model(path / meta["files"][f"plan_{kind}"])
             r.feature_names_ = meta["features"][kind]
             r.domains_ = [tuple(d) for d in meta.get("domains", {}).get(kind, [])]

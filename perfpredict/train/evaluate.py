@@ -125,9 +125,10 @@ def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-    for ax, (true, p, label) in zip(axes, (("step_time_s", "pred_time_s", "step time (s)"),
-                                           ("peak_memory_gib", "pred_mem_gib", "peak memory (GiB)")), strict=True):
-        sub = pred.filter(c(true).is_not_null() & (c(true) > 0) & (c("outcome") == "ok"))
+    for ax, (true, p, label, rows) in zip(axes, (("step_time_s", "pred_time_s", "step time (s)", time_rows),
+                                                 ("peak_memory_gib", "pred_mem_gib", "peak memory (GiB)", memory_rows)),
+                                          strict=True):
+        sub = rows(pred)  # the rows the metrics score: labels that passed their gates
         for (src,), g in sub.group_by("source"):
             ax.scatter(g[true], g[p], s=8, alpha=0.6, label=f"{src} ({g.height})")
         if sub.height:

@@ -30,10 +30,10 @@ def fit_plan_models(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0
                     ) -> tuple[RatioRegressor, RatioRegressor, float]:
     """Time and memory regressors and the OOM margin on composed runs (runs must already have k_* columns)."""
     tr = time_rows(runs)
-    time = RatioRegressor(featurizer="time", baseline="k_step_s", seed=seed, domain_gated=True)
+    time = RatioRegressor(featurizer="time", baseline="k_step_s", seed=seed, domain="framework")
     time.fit(tr, tr["step_time_s"].to_numpy(), _weights(tr))
     mr = memory_rows(runs)
-    mem = RatioRegressor(featurizer="memory", baseline="d_mem_gib", seed=seed)
+    mem = RatioRegressor(featurizer="memory", baseline="d_mem_gib", seed=seed, domain="device")
     mem.fit(mr, mr["peak_memory_gib"].to_numpy(), _weights(mr))
     orows = oom_rows(runs)
     margin = calibrate_margin(mem.predict(orows), orows["g_memory_gib"].to_numpy(), orows["fits"].to_numpy())
