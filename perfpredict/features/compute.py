@@ -77,7 +77,10 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     n_colls = (m * layers * tp_colls * pl.when(c("p_tp") > 1).then(1.0).otherwise(0.0)
                + pl.when(d > 1).then(syncs * 20.0 + pl.when(c("p_zero") >= 3).then(m * 2.0 * layers).otherwise(0.0)).otherwise(0.0)
                + pl.when(c("p_pp") > 1).then(2.0 * m * c("p_vstages")).otherwise(0.0))
-    return df.with_columns(d_tp_bytes=tp_bytes, d_dp_bytes=dp_bytes, d_pp_bytes=pp_bytes, d_cp_bytes=cp_bytes,
+    # The per-collective rules (gradient dtype, syncs per step, TP collectives per layer) are exported so the
+    # kernel composition uses the same ones.
+    return df.with_columns(d_grad_bytes_per_param=grad_b, d_dp_syncs=syncs, d_tp_colls_per_layer=tp_colls,
+                           d_tp_bytes=tp_bytes, d_dp_bytes=dp_bytes, d_pp_bytes=pp_bytes, d_cp_bytes=cp_bytes,
                            d_host_bytes=offload + ref_swap, d_cpu_optim_s=cpu_adam, d_collectives=n_colls)
 
 

@@ -53,13 +53,11 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         tp=c("p_tp"), dp=c("p_dp") * c("p_cp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
         vst=c("p_vstages").cast(pl.Float64), act_b=act_b,
         params=c("d_params_rank"), layer_params=c("m_layer_params").cast(pl.Float64),
-        grad_b=pl.when(c("p_framework").is_in(["megatron", "nanotron"]) | (c("w_precision") == "fp32")).then(4).otherwise(2),
-        syncs=pl.when(c("p_framework").is_in(["deepspeed", "fsdp"]) & (c("p_zero") >= 2))
-        .then(c("p_grad_accum")).otherwise(1).cast(pl.Float64),
+        grad_b=c("d_grad_bytes_per_param"), syncs=c("d_dp_syncs"),
         tp_rpn=pl.min_horizontal(c("p_tp"), gpn),
         dp_rpn=pl.max_horizontal(pl.lit(1), pl.min_horizontal(c("p_dp") * c("p_cp"), gpn // c("p_tp"))),
         pp_rpn=pl.when(c("d_pp_cross_node")).then(1).otherwise(2),
-        tp_colls=4.0 + 2.0 * full + 2.0 * ref,
+        tp_colls=c("d_tp_colls_per_layer"),
     )
 
 
@@ -96,7 +94,7 @@ def _attention(b: pl.DataFrame) -> list[pl.DataFrame]:
     # Context parallelism: each rank attends s/cp queries over all s keys, 1/cp of the work; a probe of length
     # s/sqrt(cp) does the same work.
     seq = _i(c("s") / c("cp").sqrt())
-    common = dict(batch=_i(c("seqs")), heads=_i(c("a") / c("t")), kv_heads=_i(c("kv") / c("t")), seq_len=seq,
+    common = dict(op=pl.lit("attention"), batch=_i(c("seqs")), heads=_i(c("a") / c("t")), kv_heads=_i(c("kv") / c("t")), seq_len=seq,
                   head_dim=_i(c("hd")))
     return [
         b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd_bwd"), count=c("Lps") * c("mbs")),
@@ -162,8 +160,6 @@ def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     """Every kernel one rank runs in a step, for each plan row of a descriptor frame (with its count)."""
     b = _base(desc)
     frames = _gemms(b) + _attention(b) + _membound(b) + _comm(b) + _optimizer(b)
-    frames = [f.with_columns(op=pl.lit("attention"), part=pl.lit("compute")) if "batch" in f.columns else f
-              for f in frames]
     frames = [f if "part" in f.columns else f.with_columns(part=pl.lit("compute")) for f in frames]
     q = pl.concat(frames, how="diagonal_relaxed")
     for k in KERNEL_KEYS:
