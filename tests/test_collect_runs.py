@@ -33,7 +33,7 @@ def test_failed_run_is_a_row(fail, outcome, timeout):
     assert r["error"]
     assert r["step_time_s"] is None and r["peak_memory_gib"] is None
     assert r["attempts"] == 1  # failures are not retried by the noise gate
-    assert r["calib_ratio"] > 0 and r["other_load_cores"] >= 0
+    assert r["calib_ratio"] > 0 and r["other_load_cores"] >= 0 and r["steal_cores"] >= 0
     if fail == "oom":
         assert "allocate" in r["error"]
 

@@ -48,6 +48,7 @@ class Attempt:
     calib_after_s: float
     other_load_cores: float
     wall_s: float
+    steal_cores: float = 0.0
 
     def disturbance(self, baseline: float) -> float:
         """How far past the gate this attempt was (<= 1: within it)."""
@@ -177,7 +178,7 @@ def _attempt(cfg: dict[str, Any], world: int, timeout_s: float, keep_dir: Path |
     finally:
         if keep_dir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    return Attempt(outcome, error, res, before, after, other, wall)
+    return Attempt(outcome, error, res, before, after, other, wall, sampler.steal_cores)
 
 
 def run_one(scenario: Scenario, *, timeout_s: float = 600.0, warmup: int = 2, steps: int = 5, seed: int = 0,
@@ -247,6 +248,7 @@ def run_one(scenario: Scenario, *, timeout_s: float = 600.0, warmup: int = 2, st
     # Extra columns (kept by dataset.conform after the schema's): how the label was obtained.
     row.update(strategy=strategy(plan), attempts=len(attempts), calib_before_s=best.calib_before_s,
                calib_after_s=best.calib_after_s, calib_baseline_s=baseline, run_wall_s=best.wall_s,
+               steal_cores=best.steal_cores,
                warmup_steps=warmup, threads_per_rank=threads, world_size=world,
                step_times_s=json.dumps([round(x, 6) for x in res.get("times_s", [])]),
                losses=json.dumps(res.get("losses", [])),

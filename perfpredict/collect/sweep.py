@@ -245,7 +245,8 @@ def run_sweep(*, n: int, models: tuple[str, ...] = DEFAULT_MODELS, out_dir: Path
                 f"{sc.plan.label()} seq{sc.workload.seq_len} {sc.workload.precision}: {row['outcome']} "
                 + (f"{t:.3f}s cv={row['step_time_cv']:.3f} mem={row['peak_memory_gib'] * 1024:.0f}MiB "
                    if t is not None and not math.isnan(t) else f"{(row['error'] or '')[:120]} ")
-                + f"calib={row['calib_ratio']:.2f} load={row['other_load_cores']:.2f} tries={row['attempts']}")
+                + f"calib={row['calib_ratio']:.2f} load={row['other_load_cores']:.2f} "
+                + f"steal={row.get('steal_cores') or 0:.2f} tries={row['attempts']}")
             bar.advance(task)
             if on_row:
                 on_row(row)

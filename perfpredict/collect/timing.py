@@ -7,7 +7,10 @@
   tells whether the machine was slowed meanwhile (frequency, a neighbour on the core), which the run cannot see.
 - `LoadSampler`: CPU used by *other* processes while a run is going on: total busy time from /proc/stat (or psutil)
   minus the CPU time of our own process tree (our own + waited-for children via getrusage, which includes the
-  torchrun workers once torchrun has reaped them)."""
+  torchrun workers once torchrun has reaped them). It also reports the hypervisor's steal time on its own
+  (`steal_cores`, also part of the busy time above): steal is a slow-down no guest-side wait can avoid, and
+  keeping it apart tells it from the calibration's other slow-downs (on this VM, 1.2-1.3x stretches mostly came
+  with steal near 0)."""
 
 from __future__ import annotations
 
@@ -134,6 +137,16 @@ def _busy_cpu_s() -> float:
         return busy / os.sysconf("SC_CLK_TCK")
 
 
+def _steal_cpu_s() -> float:
+    """CPU seconds the hypervisor gave to other guests while ours were runnable (0 where not reported)."""
+    try:
+        with open("/proc/stat") as f:
+            parts = f.readline().split()[1:]
+        return int(parts[7]) / os.sysconf("SC_CLK_TCK") if len(parts) > 7 else 0.0
+    except (OSError, ValueError):
+        return 0.0
+
+
 def _own_cpu_s() -> float:
     s = resource.getrusage(resource.RUSAGE_SELF)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -151,9 +164,11 @@ class LoadSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.total_samples: list[float] = []
+        self.steal_cores = 0.0
 
     def start(self) -> LoadSampler:
         self._t0 = time.monotonic()
+        self._steal0 = _steal_cpu_s()
         self._busy0 = _busy_cpu_s()
         self._own0 = _own_cpu_s()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -173,6 +188,7 @@ class LoadSampler:
         if self._thread:
             self._thread.join()
         wall = max(time.monotonic() - self._t0, 1e-6)
+        self.steal_cores = max(_steal_cpu_s() - self._steal0, 0.0) / wall
         other = (_busy_cpu_s() - self._busy0) - (_own_cpu_s() - self._own0)
         return max(other, 0.0) / wall
 
