@@ -10,6 +10,13 @@ import polars as pl
 c = pl.col
 
 
+def forward_passes() -> pl.Expr:
+    """Forward passes through the layers per micro-batch: the policy's, full recompute's repeat, the live (or
+    offloaded) reference's."""
+    return (1.0 + (c("p_recompute") == "full").cast(pl.Float64)
+            + c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64))
+
+
 def flops(df: pl.DataFrame) -> pl.DataFrame:
     """FLOPs per step: policy forward+backward on every sequence (both of a pair), recompute's extra forward,
     the live/offloaded reference forward. The 6N rule (2N forward, 4N backward) for the matmuls plus causal
@@ -47,10 +54,9 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     t = c("p_tp").cast(pl.Float64)
     d = (c("p_dp") * c("p_cp")).cast(pl.Float64)  # gradients reduce over dp x cp (same weights)
     ring_ar_t = 2.0 * (t - 1.0) / t
-    # Megatron TP: two all-reduces forward and two backward per layer (or AG+RS pairs with SP, same volume);
-    # full recompute repeats the forward pair; the reference forward adds a pair.
-    tp_colls = (4.0 + pl.when(c("p_recompute") == "full").then(2.0).otherwise(0.0)
-                + pl.when(c("w_reference").is_in(["live", "offloaded"])).then(2.0).otherwise(0.0))
+    # Megatron TP: two all-reduces per forward pass and two backward per layer (or AG+RS pairs with SP, same
+    # volume); full recompute and the reference forward are forward passes too.
+    tp_colls = 2.0 * forward_passes() + 2.0
     tp_bytes = m * layers * tp_colls * sbh * ring_ar_t
     grad_b = pl.when(c("p_framework").is_in(["megatron", "nanotron"]) | (c("w_precision") == "fp32")).then(4.0).otherwise(2.0)
     ring_d = (d - 1.0) / d

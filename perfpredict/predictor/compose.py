@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from perfpredict.features.compute import forward_passes
 from perfpredict.predictor.kernels import KernelModel, family_of
 
 c = pl.col
@@ -33,7 +34,6 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
     seqs = c("p_micro_batch") * c("w_seqs_per_sample")
     T = seqs.cast(pl.Float64) * c("w_seq_len") / c("p_cp")
     ref = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
-    full = (c("p_recompute") == "full").cast(pl.Float64)
     sel = (c("p_recompute") == "selective").cast(pl.Float64)
     moe = c("m_experts") > 0
     f = pl.when(moe).then(c("m_expert_ffn")).otherwise(c("m_ffn")).cast(pl.Float64)
@@ -43,7 +43,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         "row",
         hardware=c("g_name"), dtype=c("w_precision"),
         T=T, Lps=c("m_layers").cast(pl.Float64) / c("p_pp"), mbs=c("p_grad_accum").cast(pl.Float64),
-        fwd_mult=1.0 + full + ref, attn_fwd_extra=ref + full + sel, ref=ref,
+        fwd_mult=forward_passes(), attn_fwd_extra=forward_passes() - 1.0 + sel, ref=ref,
         h=c("m_hidden").cast(pl.Float64), a=c("m_heads").cast(pl.Float64), kv=c("m_kv_heads").cast(pl.Float64),
         hd=c("m_head_dim").cast(pl.Float64), t=c("p_tp").cast(pl.Float64), V=c("m_vocab").cast(pl.Float64),
         f=f, gate=pl.when(c("m_gated")).then(2.0).otherwise(1.0),
@@ -186,10 +186,8 @@ def compose(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     out = desc.with_row_index("row").join(parts, on="row", how="left").drop("row")
     out = out.with_columns([c(f"k_{p}_s").fill_null(0.0) for p in PARTS])
     launch = pl.when(c("g_name") == "cpu").then(3e-5).otherwise(2e-5)
-    fwd_passes = (1.0 + (c("p_recompute") == "full").cast(pl.Float64)
-                  + c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64))
     n_kernels = (c("p_grad_accum") * c("m_layers") / c("p_pp")
-                 * (KERNELS_FWD_PER_LAYER * fwd_passes + KERNELS_BWD_PER_LAYER))
+                 * (KERNELS_FWD_PER_LAYER * forward_passes() + KERNELS_BWD_PER_LAYER))
     out = out.with_columns(k_launch_s=n_kernels * launch)
     stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
