@@ -29,7 +29,7 @@ import torch
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import timing
 from perfpredict.collect.parallel import check_plan, strategy
-from perfpredict.core.dataset import LABEL_COLUMNS, PROVENANCE, SCHEMA_VERSION
+from perfpredict.core.dataset import CALIB_RATIO_MAX, LABEL_COLUMNS, OTHER_LOAD_MAX_CORES, PROVENANCE, SCHEMA_VERSION
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario, flat_row
@@ -53,7 +53,8 @@ class Attempt:
     def disturbance(self, baseline: float) -> float:
         """How far past the gate this attempt was (<= 1: within it)."""
         ratio = max(self.calib_before_s, self.calib_after_s) / baseline
-        return max((ratio - 1.0) / (timing.CALIB_RATIO_MAX - 1.0), self.other_load_cores / timing.OTHER_LOAD_MAX)
+        # The notes' gate (core.dataset): calibration >12% slower than baseline, or other processes >0.3 cores.
+        return max((ratio - 1.0) / (CALIB_RATIO_MAX - 1.0), self.other_load_cores / OTHER_LOAD_MAX_CORES)
 
 
 def calibration_baseline(refresh: bool = False) -> float:

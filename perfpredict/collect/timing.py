@@ -24,9 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-# The notes' gate: retry a run when calibration is >12% slower than baseline or other processes used >0.3 cores.
-CALIB_RATIO_MAX = 1.12
-OTHER_LOAD_MAX = 0.3
+from perfpredict.core.dataset import OTHER_LOAD_MAX_CORES
 
 
 @dataclass(frozen=True)
@@ -193,7 +191,7 @@ class LoadSampler:
         return max(other, 0.0) / wall
 
 
-def wait_quiet(*, max_wait_s: float, window_s: float = 2.0, threshold: float = OTHER_LOAD_MAX) -> float:
+def wait_quiet(*, max_wait_s: float, window_s: float = 2.0, threshold: float = OTHER_LOAD_MAX_CORES) -> float:
     """Wait (at most max_wait_s) until other processes use < threshold cores over a window; returns that load.
 
     Called between runs, when none of our children is running, so the machine's busy time minus our own is the

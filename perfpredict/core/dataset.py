@@ -19,6 +19,12 @@ import polars as pl
 
 SCHEMA_VERSION = 1
 
+# The CPU timing gate of shared/notes/cpu-measurement.md, shared by collect (which retries a disturbed run) and
+# train (which keeps only undisturbed step times as labels): calibration workload slowed past 1.12x its baseline,
+# or more than 0.3 cores of other work beside the run.
+CALIB_RATIO_MAX = 1.12
+OTHER_LOAD_MAX_CORES = 0.3
+
 PROVENANCE = {
     "source": pl.Utf8,            # "ours-cpu", "ours-gpu", "vtrain", "ultrascale_playbook", "vidur", "azure"
     "hardware": pl.Utf8,          # GPU catalog name ("cpu" for our CPU runs)

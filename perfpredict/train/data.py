@@ -6,18 +6,16 @@ from pathlib import Path
 
 import polars as pl
 
-from perfpredict.core.dataset import read_tables
+from perfpredict.core.dataset import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES, read_tables
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.features.descriptors import describe
 
 c = pl.col
 REQUIRED_FLAT = ("m_layers", "m_hidden", "g_name", "c_gpus", "w_seq_len", "p_tp", "p_framework")
-# CPU timing gate from shared/notes/cpu-measurement.md: a run whose calibration workload slowed past 1.12x its
-# baseline, or that shared the cores with more than 0.3 cores of other work, measured a busy machine, not the plan.
-# The calibration *before* the run is the gate: the one after a heavy multi-rank run reads ~1.2x on a quiet
-# machine (the collect harness saw this), so it flags the run's own after-effects rather than outside load.
-MAX_CALIB_RATIO = 1.12
-MAX_OTHER_LOAD_CORES = 0.3
+# CPU timing gate (core.dataset): a run whose calibration workload slowed past its limit, or that shared the cores
+# with other work, measured a busy machine, not the plan. The calibration *before* the run is the gate: the one
+# after a heavy multi-rank run reads ~1.2x on a quiet machine (the collect harness saw this), so it flags the
+# run's own after-effects rather than outside load.
 
 
 def default_data_root() -> Path:
@@ -58,9 +56,9 @@ def time_rows(runs: pl.DataFrame) -> pl.DataFrame:
     """Rows whose step time is a label: measured ok, not an oversubscribed CPU, calibration gate passed."""
     ok = (c("outcome") == "ok") & (c("step_time_s") > 0) & ~c("oversubscribed").fill_null(False)
     if {"calib_before_s", "calib_baseline_s"} <= set(runs.columns):
-        ok = ok & ((c("calib_before_s") / c("calib_baseline_s")).fill_null(1.0) <= MAX_CALIB_RATIO)
+        ok = ok & ((c("calib_before_s") / c("calib_baseline_s")).fill_null(1.0) <= CALIB_RATIO_MAX)
     if "other_load_cores" in runs.columns:
-        ok = ok & (c("other_load_cores").fill_null(0.0) <= MAX_OTHER_LOAD_CORES)
+        ok = ok & (c("other_load_cores").fill_null(0.0) <= OTHER_LOAD_MAX_CORES)
     return runs.filter(ok)
 
 
