@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.core.workload import NEEDS_REFERENCE, PREFERENCE
+from perfpredict.core.workload import PREFERENCE, Workload, sequences_per_sample
 
 IGNORE = -100
+MEASURED_REFERENCES = ("live", "precomputed", "none")  # no offloaded reference in the harness
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,9 @@ class Objective:
     layout: str = "concat"  # concat | interleave
 
     def __post_init__(self) -> None:
-        if self.name not in NEEDS_REFERENCE:
-            raise PerfPredictError(f"unknown objective {self.name!r}")
-        if self.reference not in ("live", "precomputed", "none"):
+        Workload(objective=self.name, reference=self.reference)  # core's rules: known objective, valid pairing
+        if self.reference not in MEASURED_REFERENCES:
             raise PerfPredictError(f"collect measures reference live, precomputed or none, not {self.reference!r}")
-        if NEEDS_REFERENCE[self.name] == (self.reference == "none"):
-            raise PerfPredictError(f"objective {self.name} with reference {self.reference!r} is not a valid pairing")
         if self.layout not in ("concat", "interleave"):
             raise PerfPredictError(f"unknown layout {self.layout!r}")
 
@@ -51,7 +49,7 @@ class Objective:
 
     @property
     def seqs_per_sample(self) -> int:
-        return 2 if self.preference else 1
+        return sequences_per_sample(self.name)
 
 
 @dataclass(frozen=True)

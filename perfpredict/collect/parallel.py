@@ -66,8 +66,7 @@ def check_plan(model: ModelSpec, workload: Workload, plan: Plan, world: int) -> 
     need(plan.cp == 1, "context parallelism is not implemented")
     need(not plan.optimizer_offload, "optimizer offload is not implemented")
     need(plan.virtual_stages == 1 and plan.schedule in ("1f1b", "gpipe"), "only gpipe and 1f1b schedules")
-    need(workload.reference in ("live", "precomputed", "none"), f"reference {workload.reference!r} is not measured")
-    need(workload.objective != "ipo" or workload.reference != "none", "ipo needs a reference")
+    need(workload.reference in O.MEASURED_REFERENCES, f"reference {workload.reference!r} is not measured")
     need(workload.global_batch == plan.micro_batch * plan.grad_accum * plan.dp,
          f"global_batch ({workload.global_batch}) must be micro_batch*grad_accum*dp "
          f"({plan.micro_batch}*{plan.grad_accum}*{plan.dp})")

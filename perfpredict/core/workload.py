@@ -16,6 +16,11 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
+def sequences_per_sample(objective: str) -> int:
+    """Chosen and rejected run through the policy as one concatenated batch (TRL's concatenated_forward)."""
+    return 2 if objective in PREFERENCE else 1
+
+
 @dataclass(frozen=True)
 class Workload:
     objective: str = "dpo"
@@ -54,8 +59,7 @@ class Workload:
 
     @property
     def seqs_per_sample(self) -> int:
-        """Chosen and rejected run through the policy as one concatenated batch (TRL's concatenated_forward)."""
-        return 2 if self.is_preference else 1
+        return sequences_per_sample(self.objective)
 
     @property
     def tokens_per_step(self) -> int:
