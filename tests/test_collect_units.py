@@ -126,6 +126,12 @@ def test_timing_helpers():
     assert load >= 0 and 0 <= s.steal_cores <= (os.cpu_count() or 1)
 
 
+def test_gpu_device_names_map_to_catalog_entries():
+    from perfpredict.core.catalog import gpu_catalog
+
+    assert set(fingerprint.GPU_CATALOG_NAMES.values()) <= set(gpu_catalog())
+
+
 def test_fingerprint_is_json_and_hash_stable():
     fp = fingerprint.hardware_fingerprint()
     assert fp["cpu_cores"] >= 1 and fp["device"] == "cpu"

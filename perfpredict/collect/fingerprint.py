@@ -19,19 +19,17 @@ from typing import Any
 
 import torch
 
-# torch.cuda.get_device_name -> GPU catalog name. Unknown names fall back to a slug of the device name, which the
-# catalog may not hold: the row still says what ran, and the lead can add the entry.
+# torch.cuda.get_device_name -> GPU catalog name (every value is a catalog entry; tests check it). Unknown names
+# fall back to a slug of the device name, which the catalog does not hold: collecting then asks for the entry.
 GPU_CATALOG_NAMES = {
     "NVIDIA H200": "h200-sxm-141gb",
     "NVIDIA H100 80GB HBM3": "h100-sxm-80gb",
     "NVIDIA H100 PCIe": "h100-pcie-80gb",
-    "NVIDIA H100 NVL": "h100-nvl-94gb",
     "NVIDIA A100-SXM4-80GB": "a100-sxm-80gb",
     "NVIDIA A100-SXM4-40GB": "a100-sxm-40gb",
     "NVIDIA A100 80GB PCIe": "a100-pcie-80gb",
-    "NVIDIA L40S": "l40s-48gb",
-    "NVIDIA GB200": "gb200-186gb",
-    "NVIDIA B200": "b200-sxm-180gb",
+    "NVIDIA L40S": "l40s",
+    "NVIDIA B200": "b200",
 }
 
 

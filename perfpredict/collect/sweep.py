@@ -172,18 +172,14 @@ def sample_plans(*, n: int, models: tuple[str, ...] = DEFAULT_MODELS, seed: int 
 
 def cluster_for(world: int) -> Cluster:
     """The measuring machine as a catalog cluster: GPU catalog entry "cpu" (or the GPU's), `world` devices."""
-    import time
-
-    from perfpredict.core.catalog import get_gpu, gpu_catalog
+    from perfpredict.core.catalog import get_gpu
 
     name = fpr.hardware_name()
-    for _ in range(30):  # the "cpu" entry is written by another engineer: wait for it rather than invent one
-        try:
-            return Cluster(gpu=get_gpu(name), gpus_per_node=world, nodes=1)
-        except PerfPredictError:
-            gpu_catalog.cache_clear()
-            time.sleep(10)
-    raise PerfPredictError(f"the GPU catalog has no entry {name!r} for this machine; add one before collecting")
+    try:
+        return Cluster(gpu=get_gpu(name), gpus_per_node=world, nodes=1)
+    except PerfPredictError:
+        raise PerfPredictError(f"the GPU catalog has no entry {name!r} for this machine; add "
+                               f"perfpredict/catalog/gpus/{name}.json before collecting") from None
 
 
 def default_out(root: Path | str = "datasets/ours") -> Path:
