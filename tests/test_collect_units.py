@@ -11,9 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from perfpredict.collect import fingerprint, objectives, timing  # noqa: E402
-from perfpredict.collect.model import build_model, catalog_or_fallback, shrink  # noqa: E402
+from perfpredict.collect.model import build_model, shrink  # noqa: E402
 from perfpredict.collect.parallel import build_runner, check_plan  # noqa: E402
 from perfpredict.collect.sweep import SHAPES, estimate_step_s, sample_plans  # noqa: E402
+from perfpredict.core.catalog import get_model  # noqa: E402
 from perfpredict.core.errors import PerfPredictError  # noqa: E402
 from perfpredict.core.model import ModelSpec  # noqa: E402
 from perfpredict.core.plan import Plan  # noqa: E402
@@ -22,7 +23,7 @@ from perfpredict.core.workload import Workload  # noqa: E402
 
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-0.5b", "mixtral-8x7b", "gemma-2-2b"])
 def test_shrink_keeps_ratios_and_param_count_matches_model(name):
-    base = catalog_or_fallback(name)
+    base = get_model(name)
     s = shrink(base, hidden=256, layers=2)
     assert s.layers == 2 and s.hidden == 256
     assert s.heads // s.kv_heads == base.heads // base.kv_heads

@@ -8,6 +8,7 @@ tells the rows apart)."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import json
 import os
@@ -153,6 +154,18 @@ def hardware_name() -> str:
     if name in GPU_CATALOG_NAMES:
         return GPU_CATALOG_NAMES[name]
     return name.lower().replace("nvidia ", "").replace(" ", "-")
+
+
+def provenance(command: str) -> dict[str, Any]:
+    """The provenance columns every collected row carries (core.dataset.PROVENANCE)."""
+    from perfpredict.core.dataset import PROVENANCE, SCHEMA_VERSION
+
+    prov = {"source": "ours-gpu" if torch.cuda.is_available() else "ours-cpu", "hardware": hardware_name(),
+            "hardware_fingerprint": dumps(hardware_fingerprint()), "software": dumps(software_fingerprint()),
+            "collected_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "command": command,
+            "license": "Apache-2.0", "schema_version": SCHEMA_VERSION}
+    assert set(prov) == set(PROVENANCE)
+    return prov
 
 
 def short_hash(fp: dict[str, Any] | None = None) -> str:

@@ -19,32 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
-
-# Public configs of the catalog models the sweep shrinks, used only when the shared catalog lacks the entry
-# (the catalog is being filled by others; the numbers are those of the models' config.json files).
-FALLBACK_SPECS = {
-    "llama-3.2-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256, head_dim=64,
-                         tied_embeddings=True),
-    "qwen2.5-0.5b": dict(layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, vocab=151936, head_dim=64,
-                         tied_embeddings=True, qkv_bias=True),
-    "mixtral-8x7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000, head_dim=128,
-                         experts=8, experts_per_token=2, expert_ffn=14336),
-    "gemma-2-2b": dict(layers=26, hidden=2304, heads=8, kv_heads=4, ffn=9216, vocab=256000, head_dim=256,
-                       tied_embeddings=True, norms_per_layer=4),
-}
-
-
-def catalog_or_fallback(name: str) -> ModelSpec:
-    from perfpredict.core.catalog import get_model
-
-    try:
-        return get_model(name)
-    except PerfPredictError:
-        if name in FALLBACK_SPECS:
-            return ModelSpec(name=name, **FALLBACK_SPECS[name])
-        raise
 
 
 def _round_to(x: float, multiple: int, minimum: int) -> int:

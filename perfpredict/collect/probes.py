@@ -31,7 +31,6 @@ The same `perfpredict collect probes` command runs across nodes when launched pe
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 import random
@@ -52,7 +51,7 @@ import torch.nn.functional as F
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import store
 from perfpredict.collect.timing import measure
-from perfpredict.core.dataset import SCHEMA_VERSION, conform
+from perfpredict.core.dataset import append_rows
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KiB = 1024
@@ -370,30 +369,15 @@ def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, comman
             rows += new
     finally:
         torch.set_num_threads(threads)
-    prov = {"source": "ours-gpu" if gpu else "ours-cpu", "hardware": fpr.hardware_name(),
-            "hardware_fingerprint": fpr.dumps(fpr.hardware_fingerprint()),
-            "software": fpr.dumps(fpr.software_fingerprint()),
-            "collected_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "command": command or shlex.join(["perfpredict", "collect", "probes"] + (["--quick"] if quick else [])),
-            "license": "Apache-2.0", "schema_version": SCHEMA_VERSION}
+    prov = fpr.provenance(command or shlex.join(["perfpredict", "collect", "probes"] + (["--quick"] if quick else [])))
     for r in rows:
         r.update(prov)
         r.setdefault("world_size", 1)
         r["suite"] = "quick" if quick else "full"
     out = Path(out_dir) if out_dir else default_out()
     path = out / "probes.parquet"
-    schema = store.probes_schema()
-    store.append(path, rows, schema)
-    present = {k for r in rows for k in r}
-    df = conform(pl.DataFrame(rows, schema_overrides={k: v for k, v in schema.items() if k in present},
-                              infer_schema_length=None), schema)
-    return path, df
+    return path, append_rows(path, rows, store.probes_schema())
 
 
-def gflops(df: pl.DataFrame) -> pl.DataFrame:
-    """Achieved rate per row (for a log line or a quick look)."""
-    return df.with_columns((pl.col("flops") / pl.col("time_s") / 1e9).alias("gflops"))
-
-
-__all__ = ["budget", "run_probes", "gemm_probes", "attention_probes", "memory_probes", "comm_probes", "gflops",
+__all__ = ["budget", "run_probes", "gemm_probes", "attention_probes", "memory_probes", "comm_probes",
            "model_gemm_shapes"]

@@ -10,7 +10,6 @@ not fit)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -29,7 +28,7 @@ import torch
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import timing
 from perfpredict.collect.parallel import check_plan, strategy
-from perfpredict.core.dataset import CALIB_RATIO_MAX, LABEL_COLUMNS, OTHER_LOAD_MAX_CORES, PROVENANCE, SCHEMA_VERSION
+from perfpredict.core.dataset import CALIB_RATIO_MAX, LABEL_COLUMNS, OTHER_LOAD_MAX_CORES
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario, flat_row
@@ -238,14 +237,7 @@ def run_one(scenario: Scenario, *, timeout_s: float = 600.0, warmup: int = 2, st
                    memory_kind=res.get("memory_kind") or row["memory_kind"],
                    tokens_per_s=scenario.workload.tokens_per_step / t.median_s,
                    samples_per_s=scenario.workload.global_batch / t.median_s)
-    prov = {"source": "ours-gpu" if gpu else "ours-cpu", "hardware": fpr.hardware_name(),
-            "hardware_fingerprint": fpr.dumps(fpr.hardware_fingerprint()),
-            "software": fpr.dumps(fpr.software_fingerprint()),
-            "collected_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "command": command or shlex.join(torchrun_command(world, "config.json")),
-            "license": "Apache-2.0", "schema_version": SCHEMA_VERSION}
-    assert set(prov) == set(PROVENANCE)
-    row.update(prov)
+    row.update(fpr.provenance(command or shlex.join(torchrun_command(world, "config.json"))))
     # Extra columns (kept by dataset.conform after the schema's): how the label was obtained.
     row.update(strategy=strategy(plan), attempts=len(attempts), calib_before_s=best.calib_before_s,
                calib_after_s=best.calib_after_s, calib_baseline_s=baseline, run_wall_s=best.wall_s,

@@ -21,9 +21,11 @@ import polars as pl
 
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import store
-from perfpredict.collect.model import catalog_or_fallback, shrink
+from perfpredict.collect.model import shrink
 from perfpredict.collect.parallel import check_plan
 from perfpredict.collect.runs import effective_plan, run_id, run_one
+from perfpredict.core.catalog import get_model
+from perfpredict.core.dataset import append_rows
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
@@ -46,9 +48,7 @@ class Shape:
     def spec(self) -> ModelSpec:
         if self.base is None:
             return ModelSpec(name=self.key, **(self.custom or {}))
-        s = shrink(catalog_or_fallback(self.base), hidden=self.hidden, layers=self.layers,
-                   min_kv_heads=self.min_kv_heads)
-        return s
+        return shrink(get_model(self.base), hidden=self.hidden, layers=self.layers, min_kv_heads=self.min_kv_heads)
 
 
 SHAPES: dict[str, Shape] = {s.key: s for s in [
@@ -234,7 +234,7 @@ def run_sweep(*, n: int, models: tuple[str, ...] = DEFAULT_MODELS, out_dir: Path
                 continue
             row["sweep_seed"] = seed
             row["model_shape"] = shape.key
-            store.append(path, [row], store.runs_schema())
+            append_rows(path, [row], store.runs_schema())
             t = row["step_time_s"]
             console.print(
                 f"{i + 1}/{len(todo)} {row['run_id']} {shape.key} {sc.workload.objective}/{sc.workload.reference} "
@@ -260,7 +260,7 @@ def measure_repeats(*, plans: list[tuple[Shape, Workload, Plan]], repeats: int, 
         for shape, sc in iter_scenarios(plans):
             row = run_one(sc, timeout_s=timeout_s, seed=seed, shrunk_from=shape.base, command=command)
             row.update(repeat=r, model_shape=shape.key, sweep_seed=seed)
-            store.append(path, [row], {**store.runs_schema(), "repeat": pl.Int64})
+            append_rows(path, [row], {**store.runs_schema(), "repeat": pl.Int64})
     df = pl.read_parquet(path).filter(pl.col("outcome") == "ok")
     return (df.group_by("run_id", "model_shape", "strategy")
             .agg(pl.len().alias("n"), pl.col("step_time_s").mean().alias("mean_s"),

@@ -109,14 +109,21 @@ def write_atomic(df: pl.DataFrame, path: Path | str) -> None:
             os.unlink(tmp)
 
 
-def append_rows(path: Path | str, rows: list[dict[str, Any]]) -> pl.DataFrame:
-    """Append rows to a parquet file atomically (read, concat, write to temp, rename)."""
+def append_rows(path: Path | str, rows: list[dict[str, Any]], schema: dict[str, Any] | None = None) -> pl.DataFrame:
+    """Append rows to a parquet file atomically (read, concat, write to temp, rename); returns the appended rows.
+
+    With a schema, its types are imposed before anything is inferred (and its missing columns added, extras kept
+    at the end): a column that is null in every new row (error on a good run, step time on a failed one) would
+    otherwise land as the Null type, so every file keeps the same column types from its first row on."""
     path = Path(path)
-    new = pl.DataFrame(rows, infer_schema_length=None)
-    if path.exists():
-        old = pl.read_parquet(path)
-        new = pl.concat([old, new], how="diagonal_relaxed")
-    write_atomic(new, path)
+    if schema is None:
+        new = pl.DataFrame(rows, infer_schema_length=None)
+    else:
+        present = {k for r in rows for k in r}
+        new = conform(pl.DataFrame(rows, schema_overrides={k: v for k, v in schema.items() if k in present},
+                                   infer_schema_length=None), schema)
+    whole = pl.concat([pl.read_parquet(path), new], how="diagonal_relaxed") if path.exists() else new
+    write_atomic(whole, path)
     return new
 
 
