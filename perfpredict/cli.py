@@ -136,6 +136,8 @@ def _mount_optional() -> None:
     try:
         from perfpredict.collect.cli import app as collect_app
 
+        for cmd in collect_app.registered_commands:  # bad input: one line and exit 2 here too, not a traceback
+            cmd.callback = friendly(cmd.callback)
         app.add_typer(collect_app, name="collect", help="Measure probes and real training steps on this machine.")
     except ImportError:
         pass

@@ -151,3 +151,17 @@ def test_cli_rejects_bad_input():
                       (["runs", "--timeout", "0"], "--timeout")):
         res = CliRunner().invoke(app, args)
         assert isinstance(res.exception, PerfPredictError) and msg in str(res.exception)
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["runs", "--plans", "1", "--models", "nope"], "unknown sweep model 'nope'; accepted: "),
+    (["runs", "--plans", "0"], "--plans must be >= 1"),
+])
+def test_collect_cli_bad_input_is_one_line(args, expect):
+    from typer.testing import CliRunner
+
+    from perfpredict.cli import app
+
+    r = CliRunner().invoke(app, ["collect", *args])
+    assert r.exit_code == 2
+    assert expect in r.output and "Traceback" not in r.output
