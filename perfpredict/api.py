@@ -130,22 +130,17 @@ def predict_file(*, path: Path | str, predictor: Path | str | None = None) -> li
     return predict_many(scenarios, bundle=_bundle(predictor))
 
 
-def _plan_of(row: dict) -> Plan:
-    return Plan(tp=row["p_tp"], pp=row["p_pp"], dp=row["p_dp"], cp=row["p_cp"], sequence_parallel=row["p_sp"],
-                zero=row["p_zero"], recompute=row["p_recompute"], micro_batch=row["p_micro_batch"],
-                grad_accum=row["p_grad_accum"], optimizer_offload=row["p_offload"], framework=row["p_framework"],
-                schedule=row["p_schedule"], virtual_stages=row["p_vstages"])
-
-
 def emit_winner(*, ranking, target: str, out_dir: Path | str) -> tuple[int, list[Path]]:
     """Write what runs the best-ranked fitting plan that `target` can run; returns its rank and the files."""
-    from perfpredict.predictor.emit import TARGETS, emit, fitting_targets, write_emitted
+    from perfpredict.core.scenario import plan_from_columns
+    from perfpredict.predictor.emit import TARGETS, emit, write_emitted
+    from perfpredict.predictor.emit.common import fit
 
     if target not in TARGETS:
         raise PerfPredictError(f"unknown emit target {target!r}; accepted: {', '.join(TARGETS)}")
     for row in ranking.fitting.iter_rows(named=True):
-        plan = _plan_of(row)
-        if target in fitting_targets(model=ranking.model, workload=ranking.workload, plan=plan):
+        plan = plan_from_columns(row)
+        if fit(target, plan, ranking.workload, ranking.model) is None:
             files = emit(target, model=ranking.model, cluster=ranking.cluster, workload=ranking.workload, plan=plan)
             return row["rank"], write_emitted(files, out_dir)
     raise PerfPredictError(f"no fitting plan can be run by {target}; try --framework to rank its plans only")

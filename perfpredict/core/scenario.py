@@ -124,11 +124,20 @@ def workload_columns(w: Workload) -> dict[str, Any]:
             "w_seqs_per_sample": w.seqs_per_sample}
 
 
+# Plan field -> flat column, one mapping for both directions.
+PLAN_COLUMNS = {"tp": "p_tp", "pp": "p_pp", "dp": "p_dp", "cp": "p_cp", "sequence_parallel": "p_sp", "zero": "p_zero",
+                "recompute": "p_recompute", "micro_batch": "p_micro_batch", "grad_accum": "p_grad_accum",
+                "optimizer_offload": "p_offload", "framework": "p_framework", "schedule": "p_schedule",
+                "virtual_stages": "p_vstages"}
+
+
 def plan_columns(p: Plan) -> dict[str, Any]:
-    return {"p_tp": p.tp, "p_pp": p.pp, "p_dp": p.dp, "p_cp": p.cp, "p_sp": p.sequence_parallel,
-            "p_zero": p.zero, "p_recompute": p.recompute, "p_micro_batch": p.micro_batch,
-            "p_grad_accum": p.grad_accum, "p_offload": p.optimizer_offload, "p_framework": p.framework,
-            "p_schedule": p.schedule, "p_vstages": p.virtual_stages}
+    return {col: getattr(p, f) for f, col in PLAN_COLUMNS.items()}
+
+
+def plan_from_columns(row: dict[str, Any]) -> Plan:
+    """The Plan of a flat row (a ranking row, a dataset row)."""
+    return Plan(**{f: row[col] for f, col in PLAN_COLUMNS.items()})
 
 
 def flat_row(m: ModelSpec, c: Cluster, w: Workload, p: Plan) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def _hf_reason(plan: Plan, who: str) -> str | None:
     return None
 
 
-def _fit_deepspeed(plan: Plan, workload: Workload) -> str | None:
+def _fit_deepspeed(plan: Plan, model: ModelSpec) -> str | None:
     if plan.framework != "deepspeed":
         return f"it writes DeepSpeed ZeRO configs and this is a {plan.framework} plan"
     reason = _hf_reason(plan, "DeepSpeed")
@@ -45,7 +45,7 @@ def _fit_deepspeed(plan: Plan, workload: Workload) -> str | None:
     return None
 
 
-def _fit_fsdp(plan: Plan, workload: Workload) -> str | None:
+def _fit_fsdp(plan: Plan, model: ModelSpec) -> str | None:
     if plan.framework != "fsdp":
         return f"it writes an accelerate FSDP config and this is a {plan.framework} plan"
     reason = _hf_reason(plan, "FSDP")
@@ -56,7 +56,7 @@ def _fit_fsdp(plan: Plan, workload: Workload) -> str | None:
     return None
 
 
-def _fit_megatron(plan: Plan, workload: Workload, model: ModelSpec) -> str | None:
+def _fit_megatron(plan: Plan, model: ModelSpec) -> str | None:
     if plan.framework != "megatron":
         return f"it writes Megatron-LM arguments and this is a {plan.framework} plan"
     if plan.pp > 1 and plan.schedule == "gpipe":
@@ -69,33 +69,32 @@ def _fit_megatron(plan: Plan, workload: Workload, model: ModelSpec) -> str | Non
     return None
 
 
+# The config-writing targets, each named after the framework whose plans it can run (with the same signature).
+_FIT = {"deepspeed": _fit_deepspeed, "fsdp": _fit_fsdp, "megatron": _fit_megatron}
+
+
 def _fit_torchrun(plan: Plan, workload: Workload, model: ModelSpec) -> str | None:
-    if plan.framework == "deepspeed":
-        return _fit_deepspeed(plan, workload)
-    if plan.framework == "fsdp":
-        return _fit_fsdp(plan, workload)
-    if plan.framework == "megatron":
-        reason = _fit_megatron(plan, workload, model)
-        if reason or not workload.is_preference:
-            return reason
-        if workload.objective not in ("dpo", "ipo"):
-            return (f"NeMo-Aligner (the Megatron preference trainer launched here) has no {workload.objective} loss; "
-                    "its preference_loss accepts dpo, ipo and rpo variants")
-        if plan.zero >= 2 or plan.optimizer_offload:
-            return ("NeMo-Aligner's optimizer is distributed_fused_adam (ZeRO-1-like sharding): no ZeRO-2/3 or "
-                    "optimizer offload")
-        return None
-    return f"{plan.framework} plans are not emitted (nanotron reads its own YAML config)"
+    if plan.framework not in _FIT:
+        return f"{plan.framework} plans are not emitted (nanotron reads its own YAML config)"
+    reason = _FIT[plan.framework](plan, model)
+    if reason or plan.framework != "megatron" or not workload.is_preference:
+        return reason
+    if workload.objective not in ("dpo", "ipo"):
+        return (f"NeMo-Aligner (the Megatron preference trainer launched here) has no {workload.objective} loss; "
+                "its preference_loss accepts dpo, ipo and rpo variants")
+    if plan.zero >= 2 or plan.optimizer_offload:
+        return ("NeMo-Aligner's optimizer is distributed_fused_adam (ZeRO-1-like sharding): no ZeRO-2/3 or "
+                "optimizer offload")
+    return None
 
 
 def fit(target: str, plan: Plan, workload: Workload, model: ModelSpec) -> str | None:
-    if target == "deepspeed":
-        return _fit_deepspeed(plan, workload)
-    if target == "fsdp":
-        return _fit_fsdp(plan, workload)
-    if target == "megatron":
-        return _fit_megatron(plan, workload, model)
-    return _fit_torchrun(plan, workload, model)
+    """None when `target` can run the plan, else why not."""
+    if target == "torchrun":
+        return _fit_torchrun(plan, workload, model)
+    if target not in _FIT:
+        raise PerfPredictError(f"unknown emit target {target!r}; accepted: {', '.join([*_FIT, 'torchrun'])}")
+    return _FIT[target](plan, model)
 
 
 # --------------------------------------------------------------------------------------------------------------------
