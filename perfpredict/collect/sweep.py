@@ -214,8 +214,7 @@ def run_sweep(*, n: int, models: tuple[str, ...] = DEFAULT_MODELS, out_dir: Path
     # A log file (nohup) gets one unwrapped line per run; a terminal gets the live bar as well.
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 240)
     todo = []
-    for shape, sc in iter_scenarios(plans):
-        sc = Scenario(model=sc.model, cluster=sc.cluster, workload=sc.workload, plan=effective_plan(sc.plan))
+    for shape, sc in iter_scenarios(plans):  # sampled plans are already as collect runs them (effective_plan)
         rid = run_id(sc, warmup=warmup, steps=steps, seed=seed, threads=1)
         if rid not in done:
             todo.append((shape, sc))
