@@ -4,6 +4,7 @@ Every PerfPredictError becomes one line on stderr and exit code 2, never a trace
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import sys
@@ -135,12 +136,16 @@ def _mount_optional() -> None:
     # Sub-apps live beside their stages; collect needs torch only when its commands run.
     try:
         from perfpredict.collect.cli import app as collect_app
-
-        for cmd in collect_app.registered_commands:  # bad input: one line and exit 2 here too, not a traceback
-            cmd.callback = friendly(cmd.callback)
-        app.add_typer(collect_app, name="collect", help="Measure probes and real training steps on this machine.")
     except ImportError:
-        pass
+        return
+    # Mounted with copies of its commands wrapped like ours (bad input: one line, exit 2, no traceback); the collect
+    # app itself stays as it is for its own entry point.
+    sub = typer.Typer(help=collect_app.info.help, no_args_is_help=True, add_completion=False)
+    for cmd in collect_app.registered_commands:
+        wrapped = copy.copy(cmd)
+        wrapped.callback = friendly(cmd.callback)
+        sub.registered_commands.append(wrapped)
+    app.add_typer(sub, name="collect", help="Measure probes and real training steps on this machine.")
 
 
 _mount_optional()
