@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from perfpredict.cli import app
 from perfpredict.core.dataset import read_tables, write_atomic
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.predictor.bundle import Bundle
-from perfpredict.predictor.kernels import KernelModel
+from perfpredict.learn.bundle import Bundle
+from perfpredict.learn.kernels import KernelModel
 from perfpredict.train.data import load_runs
 
 runner = CliRunner()

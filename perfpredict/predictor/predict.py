@@ -12,8 +12,8 @@ import polars as pl
 
 from perfpredict.core.scenario import Scenario
 from perfpredict.features.descriptors import describe
-from perfpredict.predictor.bundle import Bundle, default_path
-from perfpredict.predictor.compose import compose
+from perfpredict.learn.bundle import Bundle, default_path
+from perfpredict.learn.compose import compose
 
 c = pl.col
 

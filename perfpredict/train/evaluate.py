@@ -13,8 +13,8 @@ import numpy as np
 import polars as pl
 from scipy.stats import spearmanr
 
-from perfpredict.predictor.compose import compose
-from perfpredict.predictor.kernels import KernelModel
+from perfpredict.learn.compose import compose
+from perfpredict.learn.kernels import KernelModel
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 from perfpredict.train.fit import fit_plan_models
 

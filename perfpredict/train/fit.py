@@ -10,10 +10,10 @@ import polars as pl
 from sklearn.model_selection import GroupKFold
 
 from perfpredict.core.dataset import data_hash
-from perfpredict.predictor.bundle import Bundle
-from perfpredict.predictor.compose import compose
-from perfpredict.predictor.kernels import KernelModel
-from perfpredict.predictor.plan_model import RatioRegressor, calibrate_margin, conformal_quantiles
+from perfpredict.learn.bundle import Bundle
+from perfpredict.learn.compose import compose
+from perfpredict.learn.kernels import KernelModel
+from perfpredict.learn.plan_model import RatioRegressor, calibrate_margin, conformal_quantiles
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 
 c = pl.col

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfpredict.predictor.gb import GBRegressor
+from perfpredict.learn.gb import GBRegressor
 
 c = pl.col
 FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")

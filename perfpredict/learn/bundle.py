@@ -14,9 +14,9 @@ from typing import Any
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.predictor.gb import GBRegressor, xgb
-from perfpredict.predictor.kernels import KernelModel
-from perfpredict.predictor.plan_model import RatioRegressor
+from perfpredict.learn.gb import GBRegressor, xgb
+from perfpredict.learn.kernels import KernelModel
+from perfpredict.learn.plan_model import RatioRegressor
 
 MODEL_SCHEMA_VERSION = 1
 

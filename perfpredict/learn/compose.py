@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from perfpredict.features.compute import forward_passes
-from perfpredict.predictor.kernels import KernelModel, family_of
+from perfpredict.learn.kernels import KernelModel, family_of
 
 c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
