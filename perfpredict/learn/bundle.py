@@ -1,7 +1,9 @@
-"""A trained predictor: kernel models, plan-level time and memory models, conformal bounds and the OOM margin.
+"""A trained predictor: kernel models (with the fitted launch floor), plan-level time and memory corrections with
+their applicability domains, per-domain conformal intervals and the OOM margin.
 
-Saved as xgboost JSON files plus metadata.json (feature lists, schema version, data hash, library versions,
-evaluation). Loading checks the metadata and refuses a mismatch; no pickle anywhere."""
+Saved as xgboost JSON files, the corrections' training matrices as .npy (no pickle), and metadata.json (feature
+lists, options, domains, bounds, schema version, data hash, library versions). Loading checks the metadata and
+refuses a mismatch."""
 
 from __future__ import annotations
 
@@ -11,14 +13,21 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.learn.gb import GBRegressor, xgb
-from perfpredict.learn.kernels import KernelModel
-from perfpredict.learn.plan_model import RatioRegressor
+from perfpredict.learn.kernels import KernelModel, kernel_features
+from perfpredict.learn.plan_model import (
+    Correction,
+    Intervals,
+    correction_from_meta,
+    correction_meta,
+    fits_verdict,
+)
 
-MODEL_SCHEMA_VERSION = 1
+MODEL_SCHEMA_VERSION = 2
 
 
 def versions() -> dict[str, str]:
@@ -35,12 +44,26 @@ def versions() -> dict[str, str]:
 @dataclass
 class Bundle:
     kernels: KernelModel
-    time: RatioRegressor
-    memory: RatioRegressor
-    time_interval: tuple[float, float]  # log10 residual quantiles
-    memory_interval: tuple[float, float]
+    time: Correction
+    memory: Correction
+    time_intervals: Intervals
+    memory_intervals: Intervals
     oom_margin: float
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, df: pl.DataFrame) -> dict[str, np.ndarray]:
+        """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, fits."""
+        wt = self.time.weight(df)
+        t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df))
+        tlo, thi = self.time_intervals.bounds(self.time.domain_keys(df), wt)
+        wm = self.memory.weight(df)
+        analytic = df["d_mem_gib"].to_numpy()
+        mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df))
+        mlo, mhi = self.memory_intervals.bounds(self.memory.domain_keys(df), wm)
+        return {"pred_time_s": t, "pred_time_lo_s": t * 10**tlo, "pred_time_hi_s": t * 10**thi, "time_weight": wt,
+                "pred_mem_gib": mem, "pred_mem_lo_gib": mem * 10**mlo, "pred_mem_hi_gib": mem * 10**mhi,
+                "mem_weight": wm,
+                "pred_fits": fits_verdict(mem, analytic, df["g_memory_gib"].to_numpy(), wm, self.oom_margin)}
 
     def save(self, out: Path | str) -> Path:
         out = Path(out)
@@ -50,19 +73,21 @@ class Bundle:
             name = f"kernel_{fam}.json"
             model.save_model(out / name)
             files[f"kernel_{fam}"] = name
-        self.time.model_.save_model(out / "plan_time.json")
-        self.memory.model_.save_model(out / "plan_memory.json")
+        for kind, reg in (("time", self.time), ("memory", self.memory)):
+            reg.model_.save_model(out / f"plan_{kind}.json")
+            np.save(out / f"plan_{kind}_domain.npy", reg.train_X_.astype(np.float32), allow_pickle=False)
+            files[f"plan_{kind}"] = f"plan_{kind}.json"
+            files[f"plan_{kind}_domain"] = f"plan_{kind}_domain.npy"
         meta = {
             **self.metadata,
             "model_schema_version": MODEL_SCHEMA_VERSION,
             "versions": versions(),
-            "files": {**files, "plan_time": "plan_time.json", "plan_memory": "plan_memory.json"},
-            "features": {"kernel": self.kernels.feature_names_, "time": self.time.feature_names_,
-                         "memory": self.memory.feature_names_},
+            "files": files,
+            "features": {"kernel": self.kernels.feature_names_},
             "kernel_families": self.kernels.families_,
-            "domains": {"time": self.time.domains_, "memory": self.memory.domains_},
-            "time_interval_log10": list(self.time_interval),
-            "memory_interval_log10": list(self.memory_interval),
+            "launch_floor_s": self.kernels.launch_floor_s_,
+            "corrections": {"time": correction_meta(self.time), "memory": correction_meta(self.memory)},
+            "intervals_log10": {"time": self.time_intervals.to_dict(), "memory": self.memory_intervals.to_dict()},
             "oom_margin": self.oom_margin,
         }
         (out / "metadata.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
@@ -82,33 +107,35 @@ class Bundle:
         if saved_xgb != xgb.__version__.split(".")[0]:
             raise PerfPredictError(f"predictor at {str(path)!r} was saved by xgboost {meta['versions']['xgboost']}, "
                                    f"this is {xgb.__version__}; retrain with `perfpredict train`")
-        kernels = KernelModel()
-        kernels.models_ = {}
-        for key, name in meta["files"].items():
+        for name in meta["files"].values():
             if not (path / name).exists():
                 raise PerfPredictError(f"predictor at {str(path)!r} lacks {name}; retrain with `perfpredict train`")
-            if key.startswith("kernel_"):
-                kernels.models_[key.removeprefix("kernel_")] = GBRegressor.load_model(path / name)
+        kernels = KernelModel()
+        kernels.models_ = {key.removeprefix("kernel_"): GBRegressor.load_model(path / name)
+                           for key, name in meta["files"].items() if key.startswith("kernel_")}
         kernels.feature_names_ = meta["features"]["kernel"]
         kernels.families_ = meta.get("kernel_families", {})
-        regs = {}
-        for kind, base in (("time", "k_step_s"), ("memory", "d_mem_gib")):
-            r = RatioRegressor(featurizer=kind, baseline=base, domain="framework" if kind == "time" else "device")
-            r.model_ = GBRegressor.load_model(path / meta["files"][f"plan_{kind}"])
-            r.feature_names_ = meta["features"][kind]
-            r.domains_ = [tuple(d) for d in meta.get("domains", {}).get(kind, [])]
-            regs[kind] = r
+        kernels.launch_floor_s_ = meta["launch_floor_s"]
+        regs = {kind: correction_from_meta(meta["corrections"][kind],
+                                           GBRegressor.load_model(path / meta["files"][f"plan_{kind}"]),
+                                           np.load(path / meta["files"][f"plan_{kind}_domain"], allow_pickle=False))
+                for kind in ("time", "memory")}
+        iv = meta["intervals_log10"]
         return cls(kernels=kernels, time=regs["time"], memory=regs["memory"],
-                   time_interval=tuple(meta["time_interval_log10"]),
-                   memory_interval=tuple(meta["memory_interval_log10"]),
+                   time_intervals=Intervals.from_dict(iv["time"]), memory_intervals=Intervals.from_dict(iv["memory"]),
                    oom_margin=float(meta["oom_margin"]), metadata=meta)
 
     def check_features(self, df: pl.DataFrame) -> None:
         """The code's feature lists must be the ones the models were trained with."""
         for kind, reg in (("time", self.time), ("memory", self.memory)):
-            now = reg.feature_names(df)
-            if now != reg.feature_names_:
+            if reg.feature_names(df) != reg.feature_names_:
                 raise PerfPredictError(f"the {kind} model was trained on other features than this code builds; "
+                                       "retrain with `perfpredict train`")
+
+    def check_kernel_features(self, prepared: pl.DataFrame) -> None:
+        for fam, names in self.kernels.feature_names_.items():
+            if kernel_features(prepared.head(1), fam).columns != names:
+                raise PerfPredictError(f"the {fam} kernel model was trained on other features than this code builds; "
                                        "retrain with `perfpredict train`")
 
 

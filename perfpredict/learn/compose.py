@@ -9,21 +9,40 @@ plans are deduplicated by kernel shape and predicted in one batch per family."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from perfpredict.features.compute import forward_passes
+from perfpredict.features.descriptors import describe
+from perfpredict.learn.hardware_frame import hardware_table
 from perfpredict.learn.kernels import KernelModel, family_of
 
 c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
-               "head_dim", "numel", "bytes", "world_size", "ranks_per_node")
+               "head_dim", "numel", "bytes", "world_size", "ranks_per_node", "link_gb_per_s")
 PARTS = ("compute", "tp", "pp", "cp", "dp", "zero3", "optim")
+# Whether a framework overlaps the data-parallel gradient reduction with the backward pass by default.
+# - megatron: Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce defaults to False
+#   (NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py); the Megatron-DeepSpeed
+#   runs vTrain measured reduce after the backward.
+# - nanotron wraps the model in torch DDP and lets the reducer fire in the last micro-batch's backward
+#   (huggingface/nanotron src/nanotron/parallel/data_parallel/utils.py, ddp_trigger_sync_in_bwd): bucketed overlap.
+# - fsdp (FSDP2 and our CPU harness's DDP) reduce-scatters / all-reduces buckets as gradients become ready.
+# - deepspeed: ZeRO-2/3 reduce in buckets during backward (overlap_comm).
+OVERLAP_GRAD_REDUCE = {"megatron": False, "nanotron": True, "fsdp": True, "deepspeed": True}
+# torch DDP's default bucket (bucket_cap_mb=25): the last bucket's reduction cannot hide behind any backward.
+LAST_BUCKET_BYTES = 25e6
 # Kernels a decoder layer launches per micro-batch in eager PyTorch-based trainers: about 15 forward (norms, four
-# GEMMs, rotary, attention, activation, residuals) and twice that backward. Each costs a launch/dispatch floor
-# whatever its size (about 10 us on a GPU, more through the CPU dispatcher): small models and micro-batches are
-# bound by it, which kernel timings taken in isolation do not show.
-KERNELS_FWD_PER_LAYER = 15.0
-KERNELS_BWD_PER_LAYER = 30.0
+# GEMMs, rotary, attention, activation, residuals) and twice that backward; the composition times 10 of the
+# forward ones and about 20 of the backward ones, the rest (rotary, reshapes, copies, casts) only cost their launch.
+UNTIMED_FWD_PER_LAYER = 5.0
+UNTIMED_BWD_PER_LAYER = 10.0
+# Share of each compute query's time that is backward (overlap budget for the gradient reduction).
+BWD_SHARE = {"bwd_input": 1.0, "bwd_weight": 1.0, "fwd_bwd": 2.5 / 3.5}
+# Host dispatch + launch cost per kernel (seconds) until fitted on measured steps (fit_launch_floor): eager
+# trainers issue kernels one by one, and small kernels leave the GPU waiting on the host.
+LAUNCH_FLOOR_S = {"gpu": 2e-5, "cpu": 3e-5}
+LAUNCH_GRID_S = (5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5, 8e-5, 1.2e-4)
 
 
 def _i(e: pl.Expr) -> pl.Expr:
@@ -58,6 +77,12 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         dp_rpn=pl.max_horizontal(pl.lit(1), pl.min_horizontal(c("p_dp") * c("p_cp"), gpn // c("p_tp"))),
         pp_rpn=pl.when(c("d_pp_cross_node")).then(1).otherwise(2),
         tp_colls=c("d_tp_colls_per_layer"),
+        tp_link=pl.when(c("d_tp_cross_node")).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
+        dp_link=pl.when(c("d_dp_cross_node")).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
+        pp_link=pl.when(c("d_pp_cross_node")).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
+        cp_link=c("c_intra_bw_gb_per_s"),
+        # Sequence parallelism shards the norms, residual adds (and dropout) along the sequence over tp.
+        T_sp=T / pl.when(c("p_sp")).then(c("p_tp")).otherwise(1).cast(pl.Float64),
     )
 
 
@@ -108,10 +133,10 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
     passes = c("fwd_mult") + 2.0
     per = c("Lps") * c("mbs")
     return [
-        b.select("row", "hardware", "dtype", op=pl.lit("rmsnorm"), numel=_i(c("T") * c("h")), count=2.0 * per * passes),
+        b.select("row", "hardware", "dtype", op=pl.lit("rmsnorm"), numel=_i(c("T_sp") * c("h")), count=2.0 * per * passes),
         b.select("row", "hardware", "dtype", op=pl.lit("swiglu"),
                  numel=_i(c("T") * c("topk") * c("f") / c("t")), count=per * passes),
-        b.select("row", "hardware", "dtype", op=pl.lit("add"), numel=_i(c("T") * c("h")), count=2.0 * per * passes),
+        b.select("row", "hardware", "dtype", op=pl.lit("add"), numel=_i(c("T_sp") * c("h")), count=2.0 * per * passes),
         b.select("row", "hardware", "dtype", op=pl.lit("cross_entropy"), numel=_i(c("T") * c("V") / c("t")),
                  count=c("mbs") * (3.0 + c("ref"))),
     ]
@@ -122,29 +147,36 @@ def _comm(b: pl.DataFrame) -> list[pl.DataFrame]:
     grad_bytes = c("params") * c("grad_b")
     kw = dict(dtype=pl.lit("bf16"))
     out = [
-        b.filter(c("tp") > 1).select("row", "hardware", op=pl.lit("all_reduce"), bytes=_i(sbh), world_size=c("tp"),
-                                     ranks_per_node=c("tp_rpn"), count=c("Lps") * c("mbs") * c("tp_colls"),
-                                     part=pl.lit("tp"), **kw),
+        # TP: all-reduces of the layer's activations; with sequence parallelism each becomes an all-gather plus a
+        # reduce-scatter of the same buffer, the same bytes on the wire (Korthikanti et al. 2022, section 4.2.2).
+        b.filter((c("tp") > 1) & ~c("sp")).select(
+            "row", "hardware", op=pl.lit("all_reduce"), bytes=_i(sbh), world_size=c("tp"), ranks_per_node=c("tp_rpn"),
+            link_gb_per_s=c("tp_link"), count=c("Lps") * c("mbs") * c("tp_colls"), part=pl.lit("tp"), **kw),
+        *[b.filter((c("tp") > 1) & c("sp")).select(
+            "row", "hardware", op=pl.lit(op), bytes=_i(sbh), world_size=c("tp"), ranks_per_node=c("tp_rpn"),
+            link_gb_per_s=c("tp_link"), count=c("Lps") * c("mbs") * c("tp_colls"), part=pl.lit("tp"), **kw)
+          for op in ("all_gather", "reduce_scatter")],
         b.filter(c("pp") > 1).select("row", "hardware", op=pl.lit("send_recv"),
                                      bytes=_i(sbh / pl.when(c("sp")).then(c("t")).otherwise(1.0)),
                                      world_size=pl.lit(2, dtype=pl.Int64), ranks_per_node=c("pp_rpn").cast(pl.Int64),
-                                     count=2.0 * c("mbs") * c("vst"), part=pl.lit("pp"), **kw),
+                                     link_gb_per_s=c("pp_link"), count=2.0 * c("mbs") * c("vst"), part=pl.lit("pp"), **kw),
         b.filter(c("cpi") > 1).select("row", "hardware", op=pl.lit("send_recv"),
                                       bytes=_i(2.0 * c("T") * c("kv") * c("hd") * c("act_b") / c("t")),
                                       world_size=pl.lit(2, dtype=pl.Int64), ranks_per_node=pl.lit(2, dtype=pl.Int64),
-                                      count=3.0 * c("Lps") * c("mbs") * (c("cp") - 1.0), part=pl.lit("cp"), **kw),
+                                      link_gb_per_s=c("cp_link"), count=3.0 * c("Lps") * c("mbs") * (c("cp") - 1.0), part=pl.lit("cp"), **kw),
         b.filter((c("dp") > 1) & (c("zero") == 0)).select(
             "row", "hardware", op=pl.lit("all_reduce"), bytes=_i(grad_bytes), world_size=c("dp"),
-            ranks_per_node=c("dp_rpn"), count=c("syncs"), part=pl.lit("dp"), **kw),
+            ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=c("syncs"), part=pl.lit("dp"), **kw),
         b.filter((c("dp") > 1) & (c("zero") >= 1)).select(
             "row", "hardware", op=pl.lit("reduce_scatter"), bytes=_i(grad_bytes), world_size=c("dp"),
-            ranks_per_node=c("dp_rpn"), count=c("syncs"), part=pl.lit("dp"), **kw),
+            ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=c("syncs"), part=pl.lit("dp"), **kw),
+        # ZeRO-1/2 gather the updated parameters after the optimizer step: nothing left to hide it behind.
         b.filter((c("dp") > 1) & c("zero").is_in([1, 2])).select(
             "row", "hardware", op=pl.lit("all_gather"), bytes=_i(c("params") * 2.0), world_size=c("dp"),
-            ranks_per_node=c("dp_rpn"), count=pl.lit(1.0), part=pl.lit("dp"), **kw),
+            ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=pl.lit(1.0), part=pl.lit("dpgather"), **kw),
         b.filter((c("dp") > 1) & (c("zero") >= 3)).select(
             "row", "hardware", op=pl.lit("all_gather"), bytes=_i(c("layer_params") * 2.0 / c("t")),
-            world_size=c("dp"), ranks_per_node=c("dp_rpn"),
+            world_size=c("dp"), ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"),
             count=c("Lps") * c("mbs") * (2.0 + c("ref")), part=pl.lit("zero3"), **kw),
     ]
     return out
@@ -164,31 +196,111 @@ def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     q = pl.concat(frames, how="diagonal_relaxed")
     for k in KERNEL_KEYS:
         if k not in q.columns:
-            q = q.with_columns(pl.lit(None, dtype=pl.Int64).alias(k))
+            q = q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k))
     return q.with_columns(family=c("op").replace_strict(
         {o: family_of(o) for o in q["op"].unique().to_list()}, return_dtype=pl.Utf8))
 
 
-def compose(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
-    """Adds k_<part>_s for each part and k_step_s (the composed step time) to a descriptor frame."""
+def launch_floor_s(hardware: pl.Expr, floors: dict[str, float]) -> pl.Expr:
+    """Host dispatch and launch time per kernel, by device class."""
+    return pl.when(hardware == "cpu").then(floors["cpu"]).otherwise(floors["gpu"])
+
+
+def fit_launch_floor(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray) -> dict[str, float]:
+    """The per-kernel launch cost of each device class that best explains measured steps (median |log ratio| of
+    measured to composed, over a grid). A class without measured steps keeps the default."""
+    floors = dict(LAUNCH_FLOOR_S)
+    cls = np.where(desc["g_name"].to_numpy() == "cpu", "cpu", "gpu")
+    for k in ("gpu", "cpu"):
+        idx = cls == k
+        if idx.sum() < 20:
+            continue
+        sub = desc.filter(pl.Series(idx))
+        errs = [np.median(np.abs(np.log10(y_s[idx] / _compose(sub, kernels, {**floors, k: f})["k_step_s"]
+                                                     .to_numpy()))) for f in LAUNCH_GRID_S]
+        floors[k] = float(LAUNCH_GRID_S[int(np.argmin(errs))])
+    return floors
+
+
+def _exposed(comm: pl.Expr, hide_behind: pl.Expr, tail: pl.Expr) -> pl.Expr:
+    """Communication left exposed when it overlaps `hide_behind`: what exceeds it, and at least the tail that
+    starts after the last computation it could hide behind. Non-decreasing in `comm`, so a slower link is never
+    faster."""
+    return pl.max_horizontal(comm - hide_behind, comm * tail.clip(0.0, 1.0))
+
+
+def canonical_frame(desc: pl.DataFrame) -> pl.DataFrame:
+    """The same plans with the knobs whose effect physics (the composition) decides set to a reference value:
+    no sequence parallelism, no recompute, a precomputed reference, one micro-batch per step, the catalog's
+    link bandwidths. The learned correction reads its features from this frame, so it is the same number for a
+    plan with and without SP, at any bandwidth, and those knobs move the prediction exactly as the composition
+    says (recompute, the reference and the number of micro-batches enter the correction only through features
+    it is constrained to be non-decreasing in)."""
+    hw = hardware_table().select(g_name="hardware", _intra="hw_intra_gb_per_s", _inter="hw_inter_gb_per_s")
+    flat = desc.with_row_index("_row").join(hw, on="g_name", how="left").sort("_row")
+    flat = flat.with_columns(
+        p_sp=pl.lit(False), p_recompute=pl.lit("none"),
+        w_reference=pl.when(c("w_reference").is_in(["live", "offloaded"])).then(pl.lit("precomputed"))
+        .otherwise(c("w_reference")),
+        p_grad_accum=pl.lit(1, dtype=desc.schema["p_grad_accum"]),
+        w_global_batch=(c("p_dp") * c("p_micro_batch")).cast(desc.schema["w_global_batch"]),
+        c_intra_bw_gb_per_s=pl.coalesce(c("_intra"), c("c_intra_bw_gb_per_s")),
+        c_inter_bw_gb_per_s=pl.coalesce(c("_inter"), c("c_inter_bw_gb_per_s")),
+    ).drop("_row", "_intra", "_inter")
+    return describe(flat)
+
+
+def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str, float] | None = None,
+            canonical: bool = True) -> pl.DataFrame:
+    """Adds k_<part>_s for each part and k_step_s (the composed step time) to a descriptor frame, and (with
+    `canonical`) kc_<part>_frac, the shares of the canonical plan's composed step (see canonical_frame). The
+    launch floor is the one fitted with the kernels (`kernels.launch_floor_s_`), else the default."""
+    floors = launch_floor or getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S
+    out = _compose(desc, kernels, floors)
+    if not canonical:
+        return out
+    canon = _compose(canonical_frame(desc), kernels, floors)
+    return out.with_columns(
+        kc_step_s=canon["k_step_s"], **{f"kc_{p}_frac": canon[f"k_{p}_frac"] for p in (*PARTS, "launch")})
+
+
+def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float]) -> pl.DataFrame:
     q = kernel_queries(desc)
     keys = list(KERNEL_KEYS) + ["family"]
     uniq = q.select(keys).unique()
     prepared = kernels.prepare(uniq)
     uniq = uniq.with_columns(kt=pl.Series(kernels.predict_prepared(prepared)))
     q = q.join(uniq, on=keys, how="left", nulls_equal=True)
+    timed = c("part") == "compute"
+    q = q.with_columns(bwd=pl.when(timed).then(
+        pl.when(c("family") == "membound").then(0.5)
+        .otherwise(c("pass_").replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64))
+    ).otherwise(0.0) * c("kt") * c("count"))
     parts = (q.group_by("row", "part").agg(s=(c("kt") * c("count")).sum())
              .pivot(on="part", index="row", values="s"))
-    for p in PARTS:
+    bwd = q.group_by("row").agg(k_bwd_s=c("bwd").sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum())
+    for p in (*PARTS, "dpgather"):
         if p not in parts.columns:
             parts = parts.with_columns(pl.lit(0.0).alias(p))
-    parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_s") for p in PARTS])
-    out = desc.with_row_index("row").join(parts, on="row", how="left").drop("row")
-    out = out.with_columns([c(f"k_{p}_s").fill_null(0.0) for p in PARTS])
-    launch = pl.when(c("g_name") == "cpu").then(3e-5).otherwise(2e-5)
-    n_kernels = (c("p_grad_accum") * c("m_layers") / c("p_pp")
-                 * (KERNELS_FWD_PER_LAYER * forward_passes() + KERNELS_BWD_PER_LAYER))
-    out = out.with_columns(k_launch_s=n_kernels * launch)
+    parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather")])
+    out = (desc.with_row_index("row").join(parts, on="row", how="left").join(bwd, on="row", how="left")
+           .drop("row"))
+    out = out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather")] + [c("k_bwd_s").fill_null(0.0)])
+    n_untimed = (c("p_grad_accum") * c("m_layers") / c("p_pp")
+                 * (UNTIMED_FWD_PER_LAYER * forward_passes() + UNTIMED_BWD_PER_LAYER))
+    overlap = c("p_framework").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
+    grad_bytes = (c("d_params_rank") * c("d_grad_bytes_per_param")).clip(lower_bound=1.0)
+    per_mb_bwd = c("k_bwd_s") / c("p_grad_accum")
+    out = out.with_columns(
+        k_launch_s=(n_untimed + c("n_timed")) * launch_floor_s(c("g_name"), floors),
+        k_dp_s=pl.when(overlap).then(
+            _exposed(c("k_dp_raw_s"), per_mb_bwd * c("d_dp_syncs"), LAST_BUCKET_BYTES / grad_bytes))
+        .otherwise(c("k_dp_raw_s")) + c("k_dpgather_raw_s"),
+        # ZeRO-3 / FSDP prefetch the next layer's parameters while the current one computes; the first gather of
+        # each pass waits.
+        k_zero3_s=_exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), c("p_pp") / c("m_layers").cast(pl.Float64)),
+        **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
+    ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
     stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
         k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s"),
@@ -196,5 +308,3 @@ def compose(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         k_bubble_s=stage * c("d_bubble_frac") / (1.0 - c("d_bubble_frac")),
         **{f"k_{p}_frac": c(f"k_{p}_s") / c("k_step_s") for p in (*PARTS, "launch")},
     )
-
-

@@ -49,7 +49,8 @@ class GBRegressor:
         return {"max_depth": p["max_depth"], "eta": p["learning_rate"], "subsample": p.get("subsample", 1.0),
                 "colsample_bytree": p.get("colsample_bytree", 1.0), "min_child_weight": p.get("min_child_weight", 1.0),
                 "lambda": p.get("reg_lambda", 1.0), "tree_method": p.get("tree_method", "hist"),
-                "nthread": p.get("n_jobs", 2), "seed": self.seed, "objective": "reg:squarederror"}
+                "nthread": p.get("n_jobs", 2), "seed": self.seed, "objective": "reg:squarederror",
+                **({"monotone_constraints": p["monotone_constraints"]} if p.get("monotone_constraints") else {})}
 
     def fit(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None) -> GBRegressor:
         d = xgb.DMatrix(np.asarray(X, dtype=np.float32), label=y, weight=sample_weight)

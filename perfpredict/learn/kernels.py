@@ -56,7 +56,10 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
     gemm_flops = 2.0 * m * n * k
     gemm_bytes = dbytes * (m * k + k * n + m * n)
     b, a, kv, s, hd = (c(x).cast(pl.Float64) for x in ("batch", "heads", "kv_heads", "seq_len", "head_dim"))
-    attn_fwd = 2.0 * b * a * s * s * hd  # causal: half of QK^T and AV
+    # QK^T and AV: 4*b*a*s^2*hd FLOPs forward, half of it under a causal mask. Some published attention rows
+    # (Azure's) are non-causal, so the mask is a probe column; our composition always asks for causal.
+    causal = c("causal").fill_null(True) if "causal" in df.columns else pl.lit(True)
+    attn_fwd = pl.when(causal).then(2.0).otherwise(4.0) * b * a * s * s * hd
     attn_flops = pl.when(c("pass_") == "fwd").then(attn_fwd).otherwise(3.5 * attn_fwd)
     attn_bytes = dbytes * b * s * hd * (2.0 * a + 2.0 * kv) * pl.when(c("pass_") == "fwd").then(1.0).otherwise(2.5)
     traffic = c("op").replace_strict(MEMBOUND_TRAFFIC, default=2.0, return_dtype=pl.Float64)
@@ -64,7 +67,11 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
     peak = _peak_tflops() * 1e12
     hbm = c("hw_hbm_tb_per_s") * 1e12
     cross = c("ranks_per_node").fill_null(c("world_size")) < c("world_size")
-    link = pl.when(cross).then(c("hw_inter_gb_per_s")).otherwise(c("hw_intra_gb_per_s")) * 1e9
+    # The link a collective crosses: the cluster's own figure when the query carries one (a user's override of
+    # intra-/inter-node bandwidth), the catalog's datasheet figure otherwise (probes measured on that hardware).
+    catalog_link = pl.when(cross).then(c("hw_inter_gb_per_s")).otherwise(c("hw_intra_gb_per_s"))
+    link_col = c("link_gb_per_s").cast(pl.Float64) if "link_gb_per_s" in df.columns else pl.lit(None, pl.Float64)
+    link = pl.coalesce(link_col, catalog_link) * 1e9
     coll_bytes = c("bytes").cast(pl.Float64) * _algo_factor()
     fam = c("family")
     flops = (pl.when(fam == "gemm").then(gemm_flops).when(fam == "attention").then(attn_flops).otherwise(0.0))
@@ -76,10 +83,26 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
         roof_s=pl.max_horizontal(roof, pl.lit(1e-9)))
 
 
-def kernel_features(df: pl.DataFrame) -> pl.DataFrame:
+ATTN_IMPLS = ("flash2", "flash3", "cudnn", "efficient", "math", "sdpa-cpu")
+# A collective's efficiency is learned against its bandwidth roofline from features that do not contain the link
+# rate itself: the predicted time then scales exactly with 1/bandwidth, so a user's faster link is never slower
+# (a tree given log(link) or log(roof) learned to cancel them, and predicted TP-8 faster at 8 GB/s than at 300).
+COLLECTIVE_FEATURES = ("f_log_bytes", "f_world", "f_cross", "f_is_cpu", "f_op", "f_log_sms", "f_rpn")
+
+
+def kernel_features(df: pl.DataFrame, family: str | None = None) -> pl.DataFrame:
     """Numeric features for one family's rows (after roofline)."""
+    f = _all_features(df)
+    if family is not None and family.removesuffix(".cpu") == "collective":
+        return f.select(COLLECTIVE_FEATURES)
+    return f.drop("f_rpn")
+
+
+def _all_features(df: pl.DataFrame) -> pl.DataFrame:
     log = lambda e: (e.cast(pl.Float64).fill_null(0.0) + 1.0).log10()  # noqa: E731
     peak = _peak_tflops()
+    causal = c("causal").fill_null(True) if "causal" in df.columns else pl.lit(True)
+    impl = c("attn_impl") if "attn_impl" in df.columns else pl.lit(None, pl.Utf8)
     return df.select(
         f_log_roof=c("roof_s").log10(),
         f_log_flops=log(c("k_flops")),
@@ -102,6 +125,10 @@ def kernel_features(df: pl.DataFrame) -> pl.DataFrame:
         f_op=c("op").replace_strict({o: i for i, o in enumerate(MEMBOUND_OPS + COLLECTIVES)}, default=-1,
                                     return_dtype=pl.Float64),
         f_log_sms=log(c("hw_sms")),
+        f_causal=causal.cast(pl.Float64),
+        f_impl=impl.replace_strict({m: float(i) for i, m in enumerate(ATTN_IMPLS)}, default=-1.0,
+                                   return_dtype=pl.Float64),
+        f_rpn=c("ranks_per_node").cast(pl.Float64).fill_null(c("world_size").cast(pl.Float64)).fill_null(1.0),
     )
 
 
@@ -133,14 +160,15 @@ class KernelModel:
     def fit(self, probes: pl.DataFrame) -> KernelModel:
         df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
         self.models_ = {}
-        self.feature_names_ = kernel_features(df.head(1)).columns
+        self.feature_names_ = {}
         self.families_ = {}
         keys = self._keys(df)
         for key in sorted(set(keys)):
             sub = df.filter(pl.Series(keys == key))
             if sub.height < 5:
                 continue
-            X = kernel_features(sub).to_numpy()
+            X = kernel_features(sub, key).to_numpy()
+            self.feature_names_[key] = kernel_features(sub.head(1), key).columns
             y = np.log10(sub["time_s"].to_numpy() / sub["roof_s"].to_numpy())
             self.models_[key] = GBRegressor(seed=self.seed, **(self.params or XGB_PARAMS)).fit(X, y)
             self.families_[key] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list())}
@@ -151,12 +179,16 @@ class KernelModel:
         the GPU model of the family; a family without any model gets twice the roofline."""
         out = np.empty(df.height)
         keys = self._keys(df)
-        X = kernel_features(df).to_numpy()
         roof = df["roof_s"].to_numpy()
         for key in np.unique(keys):
             idx = keys == key
-            model = self.models_.get(key) or self.models_.get(key.removesuffix(".cpu"))
-            ratio = 10.0 ** model.predict(X[idx]) if model is not None else 2.0
+            name = key if key in self.models_ else key.removesuffix(".cpu")
+            model = self.models_.get(name)
+            if model is None:
+                out[idx] = roof[idx] * 2.0
+                continue
+            X = kernel_features(df.filter(pl.Series(idx)), name).to_numpy()
+            ratio = 10.0 ** model.predict(X)
             out[idx] = roof[idx] * ratio
         return out
 

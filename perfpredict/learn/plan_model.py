@@ -1,15 +1,23 @@
-"""Plan-level models: learn what the kernel composition misses.
+"""Plan-level corrections: learn what the kernel composition (time) and the analytic model (memory) miss, without
+running away outside the data they were learned on.
 
-- time: log10(measured step time / composed step time), so a prediction scales with the composition when it
-  leaves the sizes it was trained on;
-- memory: log10(measured peak / analytic peak);
-- fits: a calibrated margin on the predicted peak against the GPU's memory;
-- intervals: split-conformal quantiles of out-of-fold residuals (grouped folds)."""
+- time: log10(measured step / composed step); memory: log10(measured peak / analytic peak).
+- Features are scale-free (shares of the canonical plan's composed step, tokens and arithmetic intensity per
+  micro-batch, parallel degrees, plan switches) rather than absolute sizes and counts, which acted as source
+  identifiers and let a tree carry one source's ratio to runs 100x larger.
+- The output is bounded (the training targets' range) and shrunk towards 0 (the composition / analytic) by an
+  applicability-domain weight: 1 near the training rows in feature space, 0 from twice the distance that 95 % of
+  training rows have to their own neighbours, and 0 for a (framework family, hardware) pair never measured.
+- Intervals are split-conformal per domain from out-of-fold residuals, blended with the composition's own residual
+  spread as the weight falls ("outside what was measured").
+- fits: the predicted peak times a calibrated margin against the GPU's memory; outside the domain the correction
+  may not create an OOM verdict that the analytic model would not."""
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from scipy.spatial import cKDTree
 
 from perfpredict.learn.gb import GBRegressor
 
@@ -17,122 +25,181 @@ c = pl.col
 FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")
 FAMILY = {"megatron": "3d", "nanotron": "3d", "deepspeed": "zero", "fsdp": "zero"}
 RECOMPUTE_CODES = {"none": 0.0, "selective": 1.0, "full": 2.0}
-REFERENCE_CODES = {"none": 0.0, "precomputed": 1.0, "live": 2.0, "offloaded": 3.0}
+# Per-step reference cost: none = precomputed (its forward ran before training) < live < offloaded (streamed in).
+REFERENCE_CODES = {"none": 0.0, "precomputed": 0.0, "live": 1.0, "offloaded": 2.0}
 SCHEDULE_CODES = {"1f1b": 0.0, "gpipe": 1.0, "interleaved": 2.0}
+SHARE_PARTS = ("compute", "tp", "pp", "cp", "dp", "zero3", "optim", "launch")
+# The correction may only rise with these (the composition already rises with them): more micro-batches per step,
+# more recompute, a costlier reference can never make a step faster.
+TIME_MONOTONE = {"f_log_ga": 1, "f_recompute": 1, "f_reference": 1}
+K_NEIGHBOURS = 5
 
 
 def _log(e: pl.Expr) -> pl.Expr:
     return (e.cast(pl.Float64).clip(lower_bound=1e-12)).log10()
 
 
-def common_features(df: pl.DataFrame) -> list[pl.Expr]:
+def _plan_features() -> list[pl.Expr]:
     T = c("p_micro_batch") * c("w_seqs_per_sample") * c("w_seq_len") / c("p_cp")
+    t = c("p_tp").cast(pl.Float64)
+    h = c("m_hidden").cast(pl.Float64)
+    f = pl.when(c("m_experts") > 0).then(c("m_expert_ffn")).otherwise(c("m_ffn")).cast(pl.Float64)
+    # FLOPs per byte of the MLP up-projection a rank runs (m=T, k=h, n=f/t): m k n / (m k + k n + m n).
+    n = f / t
+    intensity = T * h * n / (T * h + h * n + T * n)
     return [
-        _log(T).alias("f_log_tokens_mb"), _log(c("m_params")).alias("f_log_params"),
-        _log(c("m_hidden")).alias("f_log_hidden"), c("m_layers").cast(pl.Float64).alias("f_layers"),
-        _log(c("m_vocab") / c("m_hidden")).alias("f_log_vocab_ratio"),
-        (c("m_experts") > 0).cast(pl.Float64).alias("f_moe"),
-        _log(c("w_seq_len")).alias("f_log_seq"),
+        _log(T).alias("f_log_tokens_mb"), _log(intensity).alias("f_log_intensity"),
+        _log(c("m_head_dim")).alias("f_log_head_dim"), (c("m_experts") > 0).cast(pl.Float64).alias("f_moe"),
         c("w_seqs_per_sample").cast(pl.Float64).alias("f_seqs_per_sample"),
-        c("w_reference").replace_strict(REFERENCE_CODES, default=0.0, return_dtype=pl.Float64).alias("f_reference"),
         (c("w_precision") == "fp32").cast(pl.Float64).alias("f_fp32"),
-        c("p_tp").cast(pl.Float64).alias("f_tp"), c("p_pp").cast(pl.Float64).alias("f_pp"),
-        _log(c("p_dp")).alias("f_log_dp"), c("p_cp").cast(pl.Float64).alias("f_cp"),
-        c("p_sp").cast(pl.Float64).alias("f_sp"), c("p_zero").cast(pl.Float64).alias("f_zero"),
-        c("p_recompute").replace_strict(RECOMPUTE_CODES, default=0.0, return_dtype=pl.Float64).alias("f_recompute"),
-        _log(c("p_micro_batch")).alias("f_log_mbs"), _log(c("p_grad_accum")).alias("f_log_ga"),
+        _log(c("p_tp")).alias("f_log_tp"), _log(c("p_pp")).alias("f_log_pp"), _log(c("p_dp")).alias("f_log_dp"),
+        _log(c("p_cp")).alias("f_log_cp"), c("p_zero").cast(pl.Float64).alias("f_zero"),
         c("p_offload").cast(pl.Float64).alias("f_offload"),
         c("p_schedule").replace_strict(SCHEDULE_CODES, default=0.0, return_dtype=pl.Float64).alias("f_schedule"),
-        *[(c("p_framework") == f).cast(pl.Float64).alias(f"f_fw_{f}") for f in FRAMEWORK_CODES],
+        _log(c("p_vstages")).alias("f_log_vstages"),
+        *[(c("p_framework") == fw).cast(pl.Float64).alias(f"f_fw_{fw}") for fw in FRAMEWORK_CODES],
         (c("g_name") == "cpu").cast(pl.Float64).alias("f_is_cpu"),
-        _log(c("g_bf16_tflops")).alias("f_log_peak"), _log(c("g_hbm_tb_per_s")).alias("f_log_hbm"),
-        _log(c("c_intra_bw_gb_per_s")).alias("f_log_intra"), _log(c("c_inter_bw_gb_per_s")).alias("f_log_inter"),
-        _log(c("c_gpus")).alias("f_log_gpus"), c("c_nodes").cast(pl.Float64).alias("f_nodes"),
-        c("d_bubble_frac").alias("f_bubble"), c("d_inflight_microbatches").alias("f_inflight"),
+        c("d_tp_cross_node").cast(pl.Float64).alias("f_tp_cross"),
+        c("d_dp_cross_node").cast(pl.Float64).alias("f_dp_cross"),
+        c("d_pp_cross_node").cast(pl.Float64).alias("f_pp_cross"),
     ]
 
 
 def time_features(df: pl.DataFrame) -> pl.DataFrame:
+    comm = sum(c(f"kc_{p}_frac") for p in ("tp", "pp", "cp", "dp", "zero3"))
     return df.select(
-        *common_features(df),
-        _log(c("k_step_s")).alias("f_log_composed"), _log(c("d_analytic_step_s")).alias("f_log_analytic"),
-        *[c(f"k_{p}_frac").fill_nan(0.0).alias(f"f_{p}_frac")
-          for p in ("compute", "tp", "pp", "cp", "dp", "zero3", "optim", "launch")],
-        c("d_comm_frac").alias("f_analytic_comm_frac"),
-        _log(c("d_flops_per_gpu")).alias("f_log_flops_gpu"),
-        c("d_tp_cross_node").cast(pl.Float64).alias("f_tp_cross"),
-        c("d_dp_cross_node").cast(pl.Float64).alias("f_dp_cross"),
-        c("d_pp_cross_node").cast(pl.Float64).alias("f_pp_cross"),
-        c("d_mem_frac").clip(upper_bound=4.0).alias("f_mem_frac"),
+        *_plan_features(),
+        *[c(f"kc_{p}_frac").fill_nan(0.0).alias(f"f_{p}_share") for p in SHARE_PARTS],
+        _log(comm / c("kc_compute_frac") + 1e-4).alias("f_log_comm_compute"),
+        _log(c("p_grad_accum")).alias("f_log_ga"),
+        c("p_recompute").replace_strict(RECOMPUTE_CODES, default=0.0, return_dtype=pl.Float64).alias("f_recompute"),
+        c("w_reference").replace_strict(REFERENCE_CODES, default=0.0, return_dtype=pl.Float64).alias("f_reference"),
     )
 
 
 def memory_features(df: pl.DataFrame) -> pl.DataFrame:
     m = c("d_mem_gib")
     return df.select(
-        *common_features(df),
-        _log(m).alias("f_log_mem"),
+        *_plan_features(),
+        c("p_sp").cast(pl.Float64).alias("f_sp"),
+        c("p_recompute").replace_strict(RECOMPUTE_CODES, default=0.0, return_dtype=pl.Float64).alias("f_recompute"),
+        c("w_reference").replace_strict(REFERENCE_CODES, default=0.0, return_dtype=pl.Float64).alias("f_reference"),
+        _log(c("p_grad_accum")).alias("f_log_ga"),
         (c("d_states_gib") / m).alias("f_states_share"), (c("d_act_gib") / m).alias("f_act_share"),
         (c("d_logits_gib") / m).alias("f_logits_share"), (c("d_ref_gib") / m).alias("f_ref_share"),
         (c("d_gathered_bytes") / (m * 2**30)).alias("f_gathered_share"),
-        _log(c("g_memory_gib")).alias("f_log_capacity"),
     )
 
 
-XGB_PLAN = dict(n_estimators=400, max_depth=5, learning_rate=0.05, subsample=0.85, colsample_bytree=0.8,
-                min_child_weight=3.0, reg_lambda=2.0, tree_method="hist", n_jobs=2)
+def _absolute(df: pl.DataFrame) -> pl.DataFrame:
+    """Absolute sizes and counts: what the first shipped correction read. Kept only to compare against (README)."""
+    return df.select(_log(c("m_params")).alias("f_log_params"), _log(c("m_hidden")).alias("f_log_hidden"),
+                     c("m_layers").cast(pl.Float64).alias("f_layers"), _log(c("c_gpus")).alias("f_log_gpus"),
+                     c("c_nodes").cast(pl.Float64).alias("f_nodes"), _log(c("k_step_s")).alias("f_log_composed"),
+                     _log(c("c_intra_bw_gb_per_s")).alias("f_log_intra"),
+                     _log(c("c_inter_bw_gb_per_s")).alias("f_log_inter"))
 
 
-class RatioRegressor:
-    """xgboost on log10(label / baseline); predicts baseline * 10^f(x). scikit-learn contract."""
+FEATURIZERS = {"time": time_features, "memory": memory_features}
+BASELINES = {"time": "k_step_s", "memory": "d_mem_gib"}
+XGB_PLAN = dict(n_estimators=300, max_depth=4, learning_rate=0.05, subsample=0.85, colsample_bytree=0.8,
+                min_child_weight=5.0, reg_lambda=5.0, tree_method="hist", n_jobs=2)
 
-    def __init__(self, *, featurizer: str, baseline: str, seed: int = 0, params: dict | None = None,
-                 domain: str = "framework"):
-        self.featurizer = featurizer
-        self.domain = domain  # "framework": (framework family, hardware) pairs; "device": CPU vs GPU
-        self.baseline = baseline
+
+class Correction:
+    """xgboost on log10(label / baseline), bounded and shrunk by an applicability-domain weight; predicts
+    baseline * 10^(w * clip(f(x))). scikit-learn contract: fit returns self, learned attributes end in `_`.
+
+    domain: "framework" gates on (framework family, hardware) pairs seen in training (time: trainers built alike
+    share one family, megatron/nanotron and deepspeed/fsdp); "device" on the device class (memory: a correction
+    learned on one class did not carry to the other)."""
+
+    def __init__(self, *, kind: str, seed: int = 0, params: dict | None = None, domain: str = "framework",
+                 shrink: bool = True, bound: bool = True, absolute: bool = False):
+        self.kind = kind
+        self.absolute = absolute
         self.seed = seed
         self.params = params
+        self.domain = domain
+        self.shrink = shrink
+        self.bound = bound
 
-    def _X(self, df: pl.DataFrame) -> np.ndarray:
-        f = {"time": time_features, "memory": memory_features}[self.featurizer](df)
-        return f.fill_nan(0.0).fill_null(0.0).to_numpy()
+    @property
+    def baseline(self) -> str:
+        return BASELINES[self.kind]
+
+    def features(self, df: pl.DataFrame) -> pl.DataFrame:
+        f = FEATURIZERS[self.kind](df)
+        return pl.concat([f, _absolute(df)], how="horizontal") if self.absolute else f
 
     def feature_names(self, df: pl.DataFrame) -> list[str]:
-        return {"time": time_features, "memory": memory_features}[self.featurizer](df.head(1)).columns
+        return self.features(df.head(1)).columns
 
-    def fit(self, df: pl.DataFrame, y: np.ndarray, weight: np.ndarray | None = None) -> RatioRegressor:
+    def _X(self, df: pl.DataFrame) -> np.ndarray:
+        return self.features(df).fill_nan(0.0).fill_null(0.0).to_numpy().astype(float)
+
+    def _domain_key(self, framework: str, hardware: str) -> str:
+        if self.domain == "device":
+            return "cpu" if hardware == "cpu" else "gpu"
+        return f"{FAMILY.get(framework, framework)}:{hardware}"
+
+    def domain_keys(self, df: pl.DataFrame) -> list[str]:
+        return [self._domain_key(f, g) for f, g in zip(df["p_framework"].to_list(), df["g_name"].to_list(),
+                                                         strict=True)]
+
+    def fit(self, df: pl.DataFrame, y: np.ndarray, weight: np.ndarray | None = None) -> Correction:
+        X = self._X(df)
         self.feature_names_ = self.feature_names(df)
-        target = np.log10(y / df[self.baseline].to_numpy())
-        self.model_ = GBRegressor(seed=self.seed, **(self.params or XGB_PLAN))
-        self.model_.fit(self._X(df), target, sample_weight=weight)
-        self.n_train_ = df.height
-        self.domains_ = sorted({(f, g) for f, g in zip(df["p_framework"].to_list(), df["g_name"].to_list(), strict=True)})
+        target = np.log10(np.asarray(y, dtype=float) / df[self.baseline].to_numpy())
+        mono = TIME_MONOTONE if self.kind == "time" else {}
+        constraints = "(" + ",".join(str(mono.get(n, 0)) for n in self.feature_names_) + ")"
+        self.model_ = GBRegressor(seed=self.seed, **{**(self.params or XGB_PLAN), "monotone_constraints": constraints})
+        self.model_.fit(X, target, sample_weight=weight)
+        self.domains_ = sorted(set(self.domain_keys(df)))
+        self.bounds_ = (float(np.quantile(target, 0.005)), float(np.quantile(target, 0.995)))
+        self.center_ = X.mean(axis=0)
+        self.scale_ = np.maximum(X.std(axis=0), 1e-3)
+        self.train_X_ = X
+        self._tree = None
+        d, _ = self._tree_of().query((X - self.center_) / self.scale_, k=min(K_NEIGHBOURS + 1, len(X)))
+        d = np.atleast_2d(d)
+        self.radius_ = float(np.quantile(d[:, 1:].mean(axis=1), 0.95)) if d.shape[1] > 1 else 1.0
+        self.radius_ = max(self.radius_, 1e-3)
         return self
 
-    def in_domain(self, df: pl.DataFrame) -> np.ndarray:
-        """Rows whose (framework family, hardware) the correction was trained on. Outside it the learned
-        correction extrapolates from other trainers' behaviour, which held-out tests showed to be worse than no
-        correction (leave-one-hardware-out on vtrain's A100: 270% MAPE corrected vs 21% composed). Megatron and
-        nanotron share one family (3-D parallel engines built the same way), DeepSpeed and FSDP the other."""
-        key = self._domain_key
-        seen = {key(f, g) for f, g in getattr(self, "domains_", [])}
-        return np.array([key(f, g) in seen for f, g in zip(df["p_framework"].to_list(), df["g_name"].to_list(),
-                                                            strict=True)], dtype=bool)
+    def _tree_of(self) -> cKDTree:
+        if getattr(self, "_tree", None) is None:
+            self._tree = cKDTree((self.train_X_ - self.center_) / self.scale_)
+        return self._tree
 
-    def _domain_key(self, framework: str, hardware: str) -> tuple[str, ...]:
-        # Memory: a correction learned on one device class does not carry to the other (held out, the CPU-trained
-        # correction raised H100 memory error from 30.7% to 42.2%, the GPU-trained one CPU from 23.0% to 32.6%).
-        if self.domain == "device":
-            return ("cpu" if hardware == "cpu" else "gpu",)
-        return (FAMILY[framework], hardware)
+    def distance(self, df: pl.DataFrame) -> np.ndarray:
+        """Mean distance to the K nearest training rows, in units of the training rows' own 95th percentile."""
+        Z = (self._X(df) - self.center_) / self.scale_
+        d, _ = self._tree_of().query(Z, k=min(K_NEIGHBOURS, len(self.train_X_)))
+        d = np.atleast_2d(d.T).T if d.ndim == 1 else d
+        return d.mean(axis=1) / self.radius_
+
+    def in_domain(self, df: pl.DataFrame) -> np.ndarray:
+        seen = set(self.domains_)
+        return np.array([k in seen for k in self.domain_keys(df)], dtype=bool)
+
+    def weight(self, df: pl.DataFrame) -> np.ndarray:
+        """Applicability of the correction per row, in [0, 1]."""
+        w = self.in_domain(df).astype(float)
+        if self.shrink and df.height:
+            w *= np.clip(2.0 - self.distance(df), 0.0, 1.0)
+        return w
 
     def predict_log_ratio(self, df: pl.DataFrame) -> np.ndarray:
-        return self.model_.predict(self._X(df))
+        r = self.model_.predict(self._X(df))
+        if self.bound:
+            r = np.clip(r, *self.bounds_)
+        return r
 
     def predict(self, df: pl.DataFrame) -> np.ndarray:
-        r = np.where(self.in_domain(df), self.predict_log_ratio(df), 0.0)
-        return df[self.baseline].to_numpy() * 10.0 ** r
+        if not df.height:
+            return np.zeros(0)
+        return df[self.baseline].to_numpy() * 10.0 ** (self.weight(df) * self.predict_log_ratio(df))
 
 
 def conformal_quantiles(log_residuals: np.ndarray, coverage: float = 0.9) -> tuple[float, float]:
@@ -148,6 +215,49 @@ def conformal_quantiles(log_residuals: np.ndarray, coverage: float = 0.9) -> tup
     return float(lo), float(hi)
 
 
+class Intervals:
+    """Split-conformal bounds per domain key (in-domain, from out-of-fold residuals of the corrected prediction)
+    and one pair for outside every domain (the baseline's own residuals over all training rows), blended by the
+    applicability weight."""
+
+    def fit(self, keys: list[str], oof_log_residuals: np.ndarray, baseline_log_residuals: np.ndarray,
+            *, coverage: float = 0.9) -> Intervals:
+        keys_a = np.array(keys, dtype=object)
+        self.inside_ = {k: conformal_quantiles(oof_log_residuals[keys_a == k], coverage) for k in sorted(set(keys))}
+        self.pooled_ = conformal_quantiles(oof_log_residuals, coverage)
+        self.outside_ = conformal_quantiles(baseline_log_residuals, coverage)
+        # Outside the data, the interval is at least as wide as the in-domain one.
+        self.outside_ = (min(self.outside_[0], self.pooled_[0]), max(self.outside_[1], self.pooled_[1]))
+        return self
+
+    def bounds(self, keys: list[str], weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lo_in = np.array([self.inside_.get(k, self.pooled_)[0] for k in keys])
+        hi_in = np.array([self.inside_.get(k, self.pooled_)[1] for k in keys])
+        lo = weight * lo_in + (1.0 - weight) * self.outside_[0]
+        hi = weight * hi_in + (1.0 - weight) * self.outside_[1]
+        return lo, hi
+
+    def to_dict(self) -> dict:
+        return {"inside": {k: list(v) for k, v in self.inside_.items()}, "pooled": list(self.pooled_),
+                "outside": list(self.outside_)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Intervals:
+        i = cls()
+        i.inside_ = {k: tuple(v) for k, v in d["inside"].items()}
+        i.pooled_ = tuple(d["pooled"])
+        i.outside_ = tuple(d["outside"])
+        return i
+
+
+def fits_verdict(pred_gib: np.ndarray, analytic_gib: np.ndarray, capacity_gib: np.ndarray, weight: np.ndarray,
+                 margin: float) -> np.ndarray:
+    """pred * (1 + margin) <= capacity; where the memory correction is not fully applicable (weight < 1), a plan
+    the analytic model says fits is not called out of memory by the correction."""
+    learned = pred_gib * (1.0 + margin) <= capacity_gib
+    return learned | ((weight < 1.0) & (analytic_gib <= capacity_gib))
+
+
 def calibrate_margin(pred_gib: np.ndarray, capacity_gib: np.ndarray, fits: np.ndarray, *, slack: float = 0.005) -> float:
     """The safety margin m for the rule pred * (1 + m) <= capacity: the smallest margin whose accuracy on runs
     that fit or failed is within `slack` of the best. Accuracy keeps creeping up with m because the published
@@ -158,3 +268,27 @@ def calibrate_margin(pred_gib: np.ndarray, capacity_gib: np.ndarray, fits: np.nd
     margins = np.linspace(-0.2, 0.6, 161)
     accs = np.array([np.mean((pred_gib * (1 + m) <= capacity_gib) == fits) for m in margins])
     return float(margins[np.argmax(accs >= accs.max() - slack)])
+
+
+CORRECTION_OPTIONS = ("kind", "seed", "domain", "shrink", "bound", "absolute")
+
+
+def correction_meta(r: Correction) -> dict:
+    """Everything but the booster and the training matrix (saved beside it), JSON-ready."""
+    return {**{k: getattr(r, k) for k in CORRECTION_OPTIONS}, "features": r.feature_names_, "domains": r.domains_,
+            "bounds_log10": list(r.bounds_), "center": r.center_.tolist(), "scale": r.scale_.tolist(),
+            "radius": r.radius_}
+
+
+def correction_from_meta(meta: dict, model: GBRegressor, train_X: np.ndarray) -> Correction:
+    r = Correction(**{k: meta[k] for k in CORRECTION_OPTIONS})
+    r.model_ = model
+    r.feature_names_ = list(meta["features"])
+    r.domains_ = list(meta["domains"])
+    r.bounds_ = tuple(meta["bounds_log10"])
+    r.center_ = np.asarray(meta["center"], dtype=float)
+    r.scale_ = np.asarray(meta["scale"], dtype=float)
+    r.radius_ = float(meta["radius"])
+    r.train_X_ = np.asarray(train_X, dtype=float)
+    r._tree = None
+    return r

@@ -33,10 +33,8 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
     df = flat if described else describe(flat)
     df = compose(df, b.kernels)
     b.check_features(df)
-    t = b.time.predict(df)
-    mem = b.memory.predict(df)
-    tlo, thi = b.time_interval
-    mlo, mhi = b.memory_interval
+    p = b.apply(df)
+    t, mem = p["pred_time_s"], p["pred_mem_gib"]
     ratio = t / df["k_step_s"].to_numpy()
     mratio = mem / df["d_mem_gib"].to_numpy()
     tokens = df["d_tokens_per_step"].to_numpy()
@@ -44,13 +42,15 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
     peak = np.where(df["w_precision"].to_numpy() == "fp32", df["g_fp32_tflops"].to_numpy(),
                     df["g_bf16_tflops"].to_numpy()) * 1e12
     mfu = df["d_model_flops_per_step"].to_numpy() / (t * peak * df["c_gpus"].to_numpy())
-    cap = df["g_memory_gib"].to_numpy()
     out = df.with_columns(
-        step_time_s=pl.Series(t), step_time_lo_s=pl.Series(t * 10**tlo), step_time_hi_s=pl.Series(t * 10**thi),
+        step_time_s=pl.Series(t), step_time_lo_s=pl.Series(p["pred_time_lo_s"]),
+        step_time_hi_s=pl.Series(p["pred_time_hi_s"]),
         tokens_per_s=pl.Series(tokens / t), samples_per_s=pl.Series(samples / t),
-        peak_memory_gib=pl.Series(mem), peak_memory_lo_gib=pl.Series(mem * 10**mlo),
-        peak_memory_hi_gib=pl.Series(mem * 10**mhi),
-        fits=pl.Series(mem * (1.0 + b.oom_margin) <= cap),
+        peak_memory_gib=pl.Series(mem), peak_memory_lo_gib=pl.Series(p["pred_mem_lo_gib"]),
+        peak_memory_hi_gib=pl.Series(p["pred_mem_hi_gib"]),
+        fits=pl.Series(p["pred_fits"]),
+        # How much of the learned correction applies (1: inside the measured domain, 0: composition alone).
+        time_applicability=pl.Series(p["time_weight"]), memory_applicability=pl.Series(p["mem_weight"]),
         mfu=pl.Series(mfu),
         b_compute_s=pl.Series((df["k_compute_s"] + df["k_launch_s"]).to_numpy() * ratio),
         b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"]).to_numpy() * ratio),

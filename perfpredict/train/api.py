@@ -15,5 +15,5 @@ def train(*, data: Path | str, out: Path | str, seed: int = 0, evaluate_too: boo
         from perfpredict.train.evaluate import evaluate
 
         res = evaluate(data=data, seed=seed, progress=progress)
-        bundle.metadata["evaluation"] = {k: v.to_dicts() for k, v in res.items() if k.startswith("by_")}
+        bundle.metadata["evaluation"] = res["metrics"].to_dicts()
     return bundle.save(out)

@@ -36,27 +36,35 @@ def train_cmd(
                      progress=lambda m: prog.update(task, description=m))
     meta = json.loads((path / "metadata.json").read_text())
     console.print(f"trained on {meta['rows']} -> [bold]{path}[/]")
-    console.print(f"intervals (90%, log10): time {meta['time_interval_log10']}, memory {meta['memory_interval_log10']}; "
-                  f"OOM margin {meta['oom_margin']:+.3f}")
+    iv = meta["intervals_log10"]
+    console.print(f"launch floor per kernel {meta['launch_floor_s']}; OOM margin {meta['oom_margin']:+.3f}; 90% "
+                  f"intervals (log10) outside the data: time {iv['time']['outside']}, memory {iv['memory']['outside']}")
 
 
-def _table(df: pl.DataFrame, key: str, title: str) -> Table:
+TABLE_COLUMNS = (
+    ("variant", "variant"), ("split", "split"), ("source", "source"),
+    ("time_n", "n"), ("time_mape", "MAPE"), ("time_median_ape", "med"), ("time_p90_ape", "p90"),
+    ("time_composed_mape", "composed"), ("time_analytic_mape", "analytic"), ("time_coverage", "cover90"),
+    ("time_weight_mean", "applic."), ("mem_n", "mem n"), ("mem_mape", "mem MAPE"),
+    ("mem_analytic_mape", "analytic"), ("mem_coverage", "cover90"), ("false_oom", "false OOM"),
+    ("false_oom_analytic", "analytic"), ("rank_spearman", "Spearman"), ("rank_top1_regret", "regret"),
+)
+PLAIN = {"time_n", "mem_n", "rank_spearman", "time_weight_mean"}
+
+
+def _table(df: pl.DataFrame, title: str) -> Table:
     t = Table(title=title)
-    cols = [key, "time_n", "time_mape", "time_median_ape", "time_p90_ape", "time_composed_mape", "time_analytic_mape",
-            "mem_n", "mem_mape", "mem_median_ape", "mem_p90_ape", "mem_analytic_mape", "oom_n", "oom_accuracy",
-            "oom_accuracy_analytic", "rank_groups", "rank_spearman", "rank_top1_regret"]
-    heads = [key, "n", "MAPE", "med", "p90", "composed", "analytic", "n", "MAPE", "med", "p90", "analytic", "n",
-             "acc", "analytic", "groups", "Spearman", "regret"]
-    for h in heads:
+    cols = [(k, h) for k, h in TABLE_COLUMNS if k in df.columns]
+    for _, h in cols:
         t.add_column(h, justify="right")
     for r in df.iter_rows(named=True):
         cells = []
-        for col in cols:
+        for col, _ in cols:
             v = r.get(col)
             if v is None or (isinstance(v, float) and v != v):
                 cells.append("-")
             elif isinstance(v, float):
-                cells.append(f"{v:.3f}" if "spearman" in col else f"{100 * v:.1f}%")
+                cells.append(f"{v:.2f}" if col in PLAIN else f"{100 * v:.1f}%")
             else:
                 cells.append(str(v))
         t.add_row(*cells)
@@ -66,30 +74,41 @@ def _table(df: pl.DataFrame, key: str, title: str) -> Table:
 def evaluate_cmd(
     data: Annotated[Path, typer.Option(help="datasets folder")] = Path("datasets"),
     seed: Annotated[int, typer.Option()] = 0,
+    split: Annotated[list[str] | None, typer.Option(help="splits to run (repeat): model, width, scale, hardware, "
+                                                          "largest (the test partition); default all")] = None,
+    variant: Annotated[list[str] | None, typer.Option(help="correction variants to compare (repeat): absolute, "
+                                                            "scale-free, scale-free+domain (shipped)")] = None,
     subset: Annotated[int, typer.Option(help="evaluate on a random subset of N runs (quick check)")] = 0,
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="write the metric tables as JSON")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the metric table as JSON")] = None,
 ) -> None:
-    """Held-out accuracy: leave-one-model-out per source, leave-one-hardware-out per hardware.
+    """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, and the
+    untouched test partition (each source's largest model).
 
-    Step-time MAPE, median and p90 APE, peak-memory errors, OOM accuracy, ranking Spearman and top-1 regret, each
-    beside the composition-only and analytic baselines."""
-    from perfpredict.train.evaluate import evaluate, plot_predicted_vs_measured
+    Step-time MAPE, median and p90 APE beside the composition-only and analytic baselines, 90%-interval coverage,
+    mean applicability of the correction, peak-memory errors, false-OOM rate, ranking Spearman and top-1 regret."""
+    from perfpredict.train.evaluate import SPLITS, evaluate, plot_predicted_vs_measured
+    from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS
 
+    splits = tuple(split or SPLITS)
+    variants = tuple(variant or (DEFAULT_VARIANT.name,))
+    bad = [s for s in splits if s not in SPLITS] + [v for v in variants if v not in VARIANTS]
+    if bad:
+        from perfpredict.core.errors import PerfPredictError
+
+        raise PerfPredictError(f"unknown split/variant {bad}; splits: {', '.join(SPLITS)}; "
+                               f"variants: {', '.join(VARIANTS)}")
     with _progress() as prog:
         task = prog.add_task("evaluating", total=None)
-        res = evaluate(data=data, seed=seed, subset=subset or None,
+        res = evaluate(data=data, seed=seed, splits=splits, variants=variants, subset=subset or None,
                        progress=lambda m: prog.update(task, description=f"held out {m}"))
-    console.print("time: step-time errors; mem: peak-memory errors; rank: within (model, cluster, workload) groups")
-    if "by_source" in res:
-        console.print(_table(res["by_source"], "source", "leave-one-model-out, per source"))
-    if "by_hardware" in res:
-        console.print(_table(res["by_hardware"], "g_name", "leave-one-hardware-out, per hardware"))
+    console.print("time: step-time errors (learned | composition alone | analytic); applic.: mean weight of the "
+                  "learned correction; mem: peak memory; false OOM: ran but predicted not to fit")
+    console.print(_table(res["metrics"], "held-out accuracy (split 'largest' is the untouched test partition)"))
     if json_out:
-        json_out.write_text(json.dumps({k: v.to_dicts() for k, v in res.items() if k.startswith("by_")}, indent=1,
-                                       default=str))
+        json_out.write_text(json.dumps(res["metrics"].to_dicts(), indent=1, default=str))
     if plot is not None:
-        console.print(f"plot: {plot_predicted_vs_measured(res['predictions_model'], plot)}")
+        console.print(f"plot: {plot_predicted_vs_measured(res['predictions'], plot)}")
 
 
 def import_public_cmd(

@@ -1,12 +1,20 @@
-"""Held-out evaluation: leave-one-model-out and leave-one-hardware-out, never random rows.
+"""Held-out evaluation on splits that extrapolate the way users do, never random rows.
 
-For every held-out group the plan models (and, for a held-out hardware, the kernel models too) are refit without
-it; the metrics are computed on its rows only. The composition alone and the analytic estimate are scored on the
-same rows, so the value the learning adds is visible."""
+Splits (each fold refits the launch floor, the corrections, their intervals and the margin without its test rows;
+a held-out hardware refits the kernel models without that hardware's probes too):
+- model: leave one model out (shapes shrunk from one catalog model count as one model);
+- width: leave one (source, hidden size) out: every depth of a width at once;
+- scale: per source, train on single-node runs and test on multi-node ones (a source without multi-node runs:
+  train on the smaller GPU counts, test on its largest);
+- hardware: leave one hardware out;
+- largest: the test partition. Each source's largest model is held out of every other split and of every
+  modelling choice; it is scored once, by models trained on everything else.
+The composition alone and the analytic estimate are scored on the same rows, so the value the learning adds is
+visible, with 90 % interval coverage and the false-OOM rate (ran, but predicted not to fit)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,49 +24,81 @@ from scipy.stats import spearmanr
 from perfpredict.learn.compose import compose
 from perfpredict.learn.kernels import KernelModel
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
-from perfpredict.train.fit import fit_plan_models
+from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle
 
 c = pl.col
+SPLITS = ("model", "width", "scale", "hardware", "largest")
+DEV_SPLITS = ("model", "width", "scale", "hardware")
+
+
+def partition_mask(runs: pl.DataFrame) -> pl.Series:
+    """Rows of each source's largest model (by parameters): the untouched test partition."""
+    largest = runs.group_by("source").agg(_max=c("m_params").max())
+    return runs.join(largest, on="source", how="left", maintain_order="left").select(
+        c("m_params") == c("_max")).to_series()
+
+
+def _scale_test(runs: pl.DataFrame) -> pl.Series:
+    multi = runs.group_by("source").agg(_multi=(c("c_nodes") > 1).any(), _max=c("c_gpus").max())
+    j = runs.join(multi, on="source", how="left", maintain_order="left")
+    return j.select(pl.when(c("_multi")).then(c("c_nodes") > 1).otherwise(c("c_gpus") == c("_max"))).to_series()
+
+
+def folds(runs: pl.DataFrame, split: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(fold name, test mask) for every fold of a split; train is everything else."""
+    if split == "model":
+        keys = runs["model_group"]
+    elif split == "width":
+        keys = runs.select(pl.concat_str([c("source"), c("m_hidden").cast(pl.Utf8)], separator=":h")).to_series()
+    elif split == "hardware":
+        keys = runs["g_name"]
+    elif split == "scale":
+        test = _scale_test(runs)
+        for src in sorted(runs["source"].unique().to_list()):
+            mask = (test & (runs["source"] == src)).to_numpy()
+            if mask.any() and not mask[(runs["source"] == src).to_numpy()].all():
+                yield f"{src}:scale-out", mask
+        return
+    elif split == "largest":
+        yield "largest-model-per-source", partition_mask(runs).to_numpy()
+        return
+    else:
+        raise ValueError(f"unknown split {split!r}; known: {SPLITS}")
+    for g in sorted(keys.unique().to_list()):
+        yield str(g), (keys == g).to_numpy()
+
+
+def held_out(runs: pl.DataFrame, probes: pl.DataFrame, *, split: str, seed: int = 0,
+             kernels: KernelModel | None = None, variant: Variant = DEFAULT_VARIANT,
+             progress: Callable[[str], None] | None = None) -> pl.DataFrame:
+    """One prediction per test row of every fold of `split`, from models that never saw the fold."""
+    step = progress or (lambda m: None)
+    kernels = kernels or KernelModel(seed=seed).fit(probes)
+    base = runs.drop([x for x in runs.columns if x.startswith(("k_", "kc_", "oof_"))])
+    parts = []
+    for name, mask in folds(base, split):
+        step(f"{variant.name}: {split} {name}")
+        k = KernelModel(seed=seed).fit(probes.filter(c("hardware") != name)) if split == "hardware" else kernels
+        train, test = base.filter(pl.Series(~mask)), base.filter(pl.Series(mask))
+        if time_rows(train).height < 20 or memory_rows(train).height < 20 or not test.height:
+            continue
+        bundle, _ = fit_bundle(train, k, seed=seed, variant=variant)
+        composed = compose(test, bundle.kernels)
+        parts.append(composed.with_columns(
+            **{key: pl.Series(v) for key, v in bundle.apply(composed).items()},
+            split=pl.lit(split), fold=pl.lit(name), variant=pl.lit(variant.name)))
+    return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
 
 
 def _ape(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
     return np.abs(pred / true - 1.0)
 
 
-def _summary(ape: np.ndarray) -> dict[str, float]:
+def _summary(prefix: str, ape: np.ndarray) -> dict[str, float]:
     if ape.size == 0:
-        return {"n": 0, "mape": float("nan"), "median_ape": float("nan"), "p90_ape": float("nan")}
-    return {"n": int(ape.size), "mape": float(ape.mean()), "median_ape": float(np.median(ape)),
-            "p90_ape": float(np.quantile(ape, 0.9))}
-
-
-def held_out_predictions(runs: pl.DataFrame, probes: pl.DataFrame, *, by: str, seed: int = 0,
-                         kernels: KernelModel | None = None, progress: Callable[[str], None] | None = None
-                         ) -> pl.DataFrame:
-    """One prediction per row from models that never saw the row's group (`model_group` or `g_name`)."""
-    step = progress or (lambda m: None)
-    groups = runs[by].unique().sort().to_list()
-    parts = []
-    for g in groups:
-        step(f"{by}={g}")
-        if by == "g_name" or kernels is None:
-            # A held-out hardware must not lend its probes to the kernels either.
-            kp = probes.filter(c("hardware") != g) if by == "g_name" else probes
-            k = KernelModel(seed=seed).fit(kp)
-        else:
-            k = kernels
-        composed = compose(runs.drop([x for x in runs.columns if x.startswith("k_")]), k)
-        train = composed.filter(c(by) != g)
-        test = composed.filter(c(by) == g)
-        if time_rows(train).height < 20 or memory_rows(train).height < 20:
-            continue
-        time, mem, margin = fit_plan_models(train, k, seed=seed)
-        pred_mem = mem.predict(test)
-        parts.append(test.with_columns(
-            pred_time_s=pl.Series(time.predict(test)), pred_mem_gib=pl.Series(pred_mem),
-            pred_fits=pl.Series(pred_mem * (1 + margin) <= test["g_memory_gib"].to_numpy()),
-            heldout_by=pl.lit(by), heldout_group=pl.lit(str(g))))
-    return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
+        return {f"{prefix}_mape": float("nan"), f"{prefix}_median_ape": float("nan"), f"{prefix}_p90_ape": float("nan")}
+    return {f"{prefix}_mape": float(ape.mean()), f"{prefix}_median_ape": float(np.median(ape)),
+            f"{prefix}_p90_ape": float(np.quantile(ape, 0.9))}
 
 
 def _ranking(df: pl.DataFrame) -> dict[str, float]:
@@ -68,81 +108,99 @@ def _ranking(df: pl.DataFrame) -> dict[str, float]:
     for _, g in df.group_by("cluster_group"):
         if g.height < 3:
             continue
-        meas = g["d_tokens_per_step"].to_numpy() / g["step_time_s"].to_numpy()
-        pred = g["d_tokens_per_step"].to_numpy() / g["pred_time_s"].to_numpy()
+        meas = 1.0 / g["step_time_s"].to_numpy()
+        pred = 1.0 / g["pred_time_s"].to_numpy()
         if np.ptp(meas) > 0 and np.ptp(pred) > 0:
             rhos.append(spearmanr(meas, pred).statistic)
         regrets.append(1.0 - meas[np.argmax(pred)] / meas.max())
-    return {"groups": len(regrets), "spearman": float(np.nanmean(rhos)) if rhos else float("nan"),
-            "top1_regret": float(np.mean(regrets)) if regrets else float("nan")}
+    return {"rank_groups": len(regrets), "rank_spearman": float(np.nanmean(rhos)) if rhos else float("nan"),
+            "rank_top1_regret": float(np.mean(regrets)) if regrets else float("nan")}
 
 
-def metrics(pred: pl.DataFrame, key: str) -> pl.DataFrame:
-    """One row per value of `key` (source or hardware) with every metric, learned vs baselines."""
+def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> pl.DataFrame:
+    """One row per value of `keys` with every metric, learned beside the composition and the analytic baseline."""
     rows = []
-    for (val,), g in sorted(pred.group_by(key), key=lambda t: str(t[0])):
+    for vals, g in sorted(pred.group_by(list(keys)), key=lambda t: tuple(str(v) for v in t[0])):
         tr, mr, orow = time_rows(g), memory_rows(g), oom_rows(g)
-        row = {key: val}
+        row = dict(zip(keys, vals, strict=True))
         t_true = tr["step_time_s"].to_numpy()
+        row["time_n"] = tr.height
         for name, col in (("time", "pred_time_s"), ("time_composed", "k_step_s"), ("time_analytic", "d_analytic_step_s")):
-            row |= {f"{name}_{k}": v for k, v in _summary(_ape(tr[col].to_numpy(), t_true)).items()}
+            row |= _summary(name, _ape(tr[col].to_numpy(), t_true))
+        row["time_coverage"] = (float(np.mean((tr["pred_time_lo_s"].to_numpy() <= t_true)
+                                              & (t_true <= tr["pred_time_hi_s"].to_numpy()))) if tr.height else np.nan)
+        row["time_weight_mean"] = float(tr["time_weight"].mean()) if tr.height else np.nan
         m_true = mr["peak_memory_gib"].to_numpy()
+        row["mem_n"] = mr.height
         for name, col in (("mem", "pred_mem_gib"), ("mem_analytic", "d_mem_gib")):
-            row |= {f"{name}_{k}": v for k, v in _summary(_ape(mr[col].to_numpy(), m_true)).items()}
-        if orow.height:
-            fits = orow["fits"].to_numpy()
-            row["oom_n"] = orow.height
-            row["oom_accuracy"] = float(np.mean(orow["pred_fits"].to_numpy() == fits))
-            row["oom_accuracy_analytic"] = float(np.mean(
-                (orow["d_mem_gib"].to_numpy() <= orow["g_memory_gib"].to_numpy()) == fits))
-        row |= {f"rank_{k}": v for k, v in _ranking(tr).items()}
+            row |= _summary(name, _ape(mr[col].to_numpy(), m_true))
+        row["mem_coverage"] = (float(np.mean((mr["pred_mem_lo_gib"].to_numpy() <= m_true)
+                                             & (m_true <= mr["pred_mem_hi_gib"].to_numpy()))) if mr.height else np.nan)
+        ran = orow.filter(c("fits"))
+        row["oom_n"] = orow.height
+        row["false_oom"] = float((~ran["pred_fits"]).mean()) if ran.height else np.nan
+        row["false_oom_analytic"] = (float((ran["d_mem_gib"] > ran["g_memory_gib"]).mean()) if ran.height else np.nan)
+        row["oom_accuracy"] = (float(np.mean(orow["pred_fits"].to_numpy() == orow["fits"].to_numpy()))
+                               if orow.height else np.nan)
+        row |= _ranking(tr)
         rows.append(row)
     return pl.DataFrame(rows)
 
 
-def evaluate(*, data: Path | str, seed: int = 0, progress: Callable[[str], None] | None = None,
+def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLITS,
+             variants: tuple[str, ...] = (DEFAULT_VARIANT.name,), progress: Callable[[str], None] | None = None,
              subset: int | None = None) -> dict[str, pl.DataFrame]:
-    """Both held-out schemes; returns per-source and per-hardware metric tables and the predictions."""
+    """Every split for every variant. The test partition is removed before the development splits run, and
+    scored only by the `largest` split. Returns the metric table and the predictions."""
     probes = load_probes(data)
     runs = load_runs(data)
     if subset:
         runs = runs.sample(n=min(subset, runs.height), seed=seed, shuffle=False)
     kernels = KernelModel(seed=seed).fit(probes)
-    lomo = held_out_predictions(runs, probes, by="model_group", seed=seed, kernels=kernels, progress=progress)
-    loho = held_out_predictions(runs, probes, by="g_name", seed=seed, progress=progress)
-    out = {"predictions_model": lomo, "predictions_hardware": loho}
-    if lomo.height:
-        out["by_source"] = metrics(lomo, "source")
-    if loho.height:
-        out["by_hardware"] = metrics(loho, "g_name")
-    return out
+    dev = runs.filter(~partition_mask(runs))
+    preds = []
+    for v in variants:
+        if v not in VARIANTS:
+            raise ValueError(f"unknown variant {v!r}; known: {sorted(VARIANTS)}")
+        for split in splits:
+            rows = runs if split == "largest" else dev
+            preds.append(held_out(rows, probes, split=split, seed=seed, kernels=kernels, variant=VARIANTS[v],
+                                  progress=progress))
+    pred = pl.concat([p for p in preds if p.height], how="diagonal_relaxed")
+    return {"metrics": metrics(pred, ("variant", "split", "source")), "predictions": pred}
 
 
 def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
+    """Predicted vs measured step time and peak memory, one colour per source, one column per split."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-    for ax, (true, p, label, rows) in zip(axes, (("step_time_s", "pred_time_s", "step time (s)", time_rows),
-                                                 ("peak_memory_gib", "pred_mem_gib", "peak memory (GiB)", memory_rows)),
-                                          strict=True):
-        sub = rows(pred)  # the rows the metrics score: labels that passed their gates
-        for (src,), g in sub.group_by("source"):
-            ax.scatter(g[true], g[p], s=8, alpha=0.6, label=f"{src} ({g.height})")
-        if sub.height:
-            lo = float(min(sub[true].min(), sub[p].min()))
-            hi = float(max(sub[true].max(), sub[p].max()))
-            ax.plot([lo, hi], [lo, hi], "k--", lw=1)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(f"measured {label}")
-        ax.set_ylabel(f"predicted {label} (held-out model)")
-        ax.legend(fontsize=8)
-    fig.suptitle("perfpredict: predicted vs measured, leave-one-model-out")
+    splits = [s for s in SPLITS if s in set(pred["split"].unique().to_list())]
+    fig, axes = plt.subplots(2, len(splits), figsize=(4.2 * len(splits), 8.0), squeeze=False)
+    for j, split in enumerate(splits):
+        sub_split = pred.filter(c("split") == split)
+        for i, (true, p, label, rows) in enumerate((("step_time_s", "pred_time_s", "step time (s)", time_rows),
+                                                    ("peak_memory_gib", "pred_mem_gib", "peak memory (GiB)",
+                                                     memory_rows))):
+            ax = axes[i][j]
+            sub = rows(sub_split)
+            for (src,), g in sorted(sub.group_by("source"), key=lambda t: str(t[0])):
+                ax.scatter(g[true], g[p], s=6, alpha=0.5, label=f"{src} ({g.height})")
+            if sub.height:
+                lo = float(min(sub[true].min(), sub[p].min()))
+                hi = float(max(sub[true].max(), sub[p].max()))
+                ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+                ax.legend(fontsize=7)
+            ax.set_xlabel(f"measured {label}")
+            ax.set_ylabel(f"predicted {label}")
+            ax.set_title(f"held out: {split}" + (" (test)" if split == "largest" else ""), fontsize=9)
+    fig.suptitle("perfpredict: predicted vs measured on held-out splits")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

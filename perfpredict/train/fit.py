@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +13,28 @@ from sklearn.model_selection import GroupKFold
 
 from perfpredict.core.dataset import data_hash
 from perfpredict.learn.bundle import Bundle
-from perfpredict.learn.compose import compose
+from perfpredict.learn.compose import compose, fit_launch_floor
 from perfpredict.learn.kernels import KernelModel
-from perfpredict.learn.plan_model import RatioRegressor, calibrate_margin, conformal_quantiles
+from perfpredict.learn.plan_model import Correction, Intervals, calibrate_margin
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 
 c = pl.col
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the plan-level corrections are built; `evaluate --variants` compares them on the validation splits."""
+
+    name: str = "scale-free+domain"
+    absolute: bool = False  # add absolute sizes/counts to the features (the first shipped correction's choice)
+    shrink: bool = True  # shrink towards the baseline by applicability-domain distance
+    bound: bool = True  # clip to the training targets' range
+
+
+VARIANTS = {v.name: v for v in (Variant("absolute", absolute=True, shrink=False, bound=False),
+                                Variant("scale-free", shrink=False, bound=False),
+                                Variant("scale-free+domain"))}
+DEFAULT_VARIANT = VARIANTS["scale-free+domain"]
 
 
 def _weights(df: pl.DataFrame) -> np.ndarray:
@@ -26,58 +44,72 @@ def _weights(df: pl.DataFrame) -> np.ndarray:
     return (1.0 / w) * len(w) / counts.height
 
 
-def fit_plan_models(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0
-                    ) -> tuple[RatioRegressor, RatioRegressor, float]:
-    """Time and memory regressors and the OOM margin on composed runs (runs must already have k_* columns)."""
+def fit_corrections(composed: pl.DataFrame, *, seed: int = 0, variant: Variant = DEFAULT_VARIANT
+                    ) -> tuple[Correction, Correction]:
+    opts = dict(seed=seed, shrink=variant.shrink, bound=variant.bound, absolute=variant.absolute)
+    tr = time_rows(composed)
+    time = Correction(kind="time", domain="framework", **opts).fit(tr, tr["step_time_s"].to_numpy(), _weights(tr))
+    mr = memory_rows(composed)
+    mem = Correction(kind="memory", domain="device", **opts).fit(mr, mr["peak_memory_gib"].to_numpy(), _weights(mr))
+    return time, mem
+
+
+def with_launch_floor(runs: pl.DataFrame, kernels: KernelModel) -> KernelModel:
+    """A copy of the kernel models carrying the launch floor fitted on these runs' measured steps."""
+    k = copy.copy(kernels)
+    k.launch_floor_s_ = None
     tr = time_rows(runs)
-    time = RatioRegressor(featurizer="time", baseline="k_step_s", seed=seed, domain="framework")
-    time.fit(tr, tr["step_time_s"].to_numpy(), _weights(tr))
-    mr = memory_rows(runs)
-    mem = RatioRegressor(featurizer="memory", baseline="d_mem_gib", seed=seed, domain="device")
-    mem.fit(mr, mr["peak_memory_gib"].to_numpy(), _weights(mr))
-    orows = oom_rows(runs)
-    margin = calibrate_margin(mem.predict(orows), orows["g_memory_gib"].to_numpy(), orows["fits"].to_numpy())
-    return time, mem, margin
+    k.launch_floor_s_ = fit_launch_floor(tr, k, tr["step_time_s"].to_numpy())
+    return k
 
 
-def out_of_fold(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, folds: int = 5) -> pl.DataFrame:
-    """Predictions for every row from models that did not see its model group (GroupKFold by model)."""
-    groups = runs["model_group"].to_numpy()
+def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, variant: Variant = DEFAULT_VARIANT,
+               folds: int = 3) -> tuple[Bundle, pl.DataFrame]:
+    """Launch floor, composition, corrections on all rows; intervals and the OOM margin from out-of-fold
+    predictions (GroupKFold by model, so a fold never sees the model it is scored on). `runs` are described, not
+    yet composed. Returns the bundle and the composed runs with out-of-fold predictions."""
+    k = with_launch_floor(runs, kernels)
+    composed = compose(runs.drop([x for x in runs.columns if x.startswith(("k_", "kc_"))]), k)
+    time, mem = fit_corrections(composed, seed=seed, variant=variant)
+    groups = composed["model_group"].to_numpy()
     n = min(folds, len(np.unique(groups)))
-    t_pred = np.full(runs.height, np.nan)
-    m_pred = np.full(runs.height, np.nan)
-    for train_idx, test_idx in GroupKFold(n_splits=n).split(np.zeros(runs.height), groups=groups):
-        tr = runs[train_idx]
-        te = runs[test_idx]
-        time, mem, _ = fit_plan_models(tr, kernels, seed=seed)
-        t_pred[test_idx] = time.predict(te)
-        m_pred[test_idx] = mem.predict(te)
-    return runs.with_columns(oof_time_s=pl.Series(t_pred), oof_mem_gib=pl.Series(m_pred))
+    oof = {key: np.full(composed.height, np.nan) for key in ("pred_time_s", "pred_mem_gib", "time_weight", "mem_weight")}
+    if n >= 2:
+        for tr_idx, te_idx in GroupKFold(n_splits=n).split(np.zeros(composed.height), groups=groups):
+            tr, te = composed[tr_idx], composed[te_idx]
+            if time_rows(tr).height < 20 or memory_rows(tr).height < 20:
+                continue
+            t_i, m_i = fit_corrections(tr, seed=seed, variant=variant)
+            oof["pred_time_s"][te_idx] = t_i.predict(te)
+            oof["pred_mem_gib"][te_idx] = m_i.predict(te)
+            oof["time_weight"][te_idx] = t_i.weight(te)
+            oof["mem_weight"][te_idx] = m_i.weight(te)
+    composed = composed.with_columns(**{f"oof_{key}": pl.Series(v) for key, v in oof.items()})
+    tr = time_rows(composed).filter(c("oof_pred_time_s").is_not_nan())
+    mr = memory_rows(composed).filter(c("oof_pred_mem_gib").is_not_nan())
+    t_iv = Intervals().fit(time.domain_keys(tr), np.log10(tr["step_time_s"] / tr["oof_pred_time_s"]).to_numpy(),
+                           np.log10(tr["step_time_s"] / tr["k_step_s"]).to_numpy())
+    m_iv = Intervals().fit(mem.domain_keys(mr), np.log10(mr["peak_memory_gib"] / mr["oof_pred_mem_gib"]).to_numpy(),
+                           np.log10(mr["peak_memory_gib"] / mr["d_mem_gib"]).to_numpy())
+    orows = oom_rows(composed).filter(c("oof_pred_mem_gib").is_not_nan())
+    margin = calibrate_margin(orows["oof_pred_mem_gib"].to_numpy(), orows["g_memory_gib"].to_numpy(),
+                              orows["fits"].to_numpy())
+    bundle = Bundle(kernels=k, time=time, memory=mem, time_intervals=t_iv, memory_intervals=m_iv, oom_margin=margin,
+                    metadata={"variant": variant.name})
+    return bundle, composed
 
 
 def train_bundle(*, data: Path | str, seed: int = 0, progress=None) -> tuple[Bundle, pl.DataFrame]:
-    """Fit kernels on all probes, compose all runs, fit the plan models; conformal bounds and margin come from
-    out-of-fold residuals. Returns the bundle and the composed runs (for evaluation)."""
+    """Fit kernels on all probes, then the bundle on all runs. Returns the bundle and the composed runs."""
     step = progress or (lambda msg: None)
     step("loading datasets")
     probes = load_probes(data)
     runs = load_runs(data)
     step(f"fitting kernel models on {probes.height} probes")
     kernels = KernelModel(seed=seed).fit(probes)
-    step(f"composing {runs.height} runs")
-    runs = compose(runs, kernels)
-    step("out-of-fold predictions for intervals")
-    oof = out_of_fold(runs, kernels, seed=seed)
-    tr = time_rows(oof)
-    mr = memory_rows(oof)
-    t_int = conformal_quantiles(np.log10(tr["step_time_s"].to_numpy() / tr["oof_time_s"].to_numpy()))
-    m_int = conformal_quantiles(np.log10(mr["peak_memory_gib"].to_numpy() / mr["oof_mem_gib"].to_numpy()))
-    orows = oom_rows(oof)
-    margin = calibrate_margin(orows["oof_mem_gib"].to_numpy(), orows["g_memory_gib"].to_numpy(),
-                              orows["fits"].to_numpy())
-    step("fitting plan-level models on all rows")
-    time, mem, _ = fit_plan_models(runs, kernels, seed=seed)
-    meta = {
+    step(f"fitting the launch floor, composing {runs.height} runs, corrections, out-of-fold intervals")
+    bundle, composed = fit_bundle(runs, kernels, seed=seed)
+    bundle.metadata |= {
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "seed": seed,
         "data_hash": {"probes": data_hash(probes.select(sorted(probes.columns))),
@@ -87,5 +119,4 @@ def train_bundle(*, data: Path | str, seed: int = 0, progress=None) -> tuple[Bun
         "sources": sorted(runs["source"].unique().to_list()),
         "hardware": sorted(set(runs["g_name"].unique().to_list()) | set(probes["hardware"].unique().to_list())),
     }
-    return Bundle(kernels=kernels, time=time, memory=mem, time_interval=t_int, memory_interval=m_int,
-                  oom_margin=margin, metadata=meta), oof
+    return bundle, composed
