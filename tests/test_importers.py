@@ -191,8 +191,12 @@ def test_azure_probes():
     assert r["bytes"] == 65536 and r["time_s"] == pytest.approx(65536 * 2 * 7 / 8 / 2.70e9)
     # attention_tflops.csv line 3: ND_A100_v4,Flash Attention 2.0,179.5,64,2,8192 -> 32 heads
     r = _row(df, "attention_tflops.csv:3")
-    assert (r["heads"], r["head_dim"], r["kernel"]) == (32, 64, "flash_attention_2")
-    assert r["time_s"] == pytest.approx(4 * 2 * 8192**2 * 2048 / 179.5e12)
+    assert (r["heads"], r["head_dim"], r["attn_impl"], r["causal"]) == (32, 64, "flash2", False)
+    assert r["time_s"] == pytest.approx(4 * 2 * 8192**2 * 2048 / 179.5e12)  # non-causal: no halving
+    att = df.filter(pl.col("op") == "attention")
+    assert dict(att.group_by("attn_impl").len().iter_rows()) == {"flash2": 3, "math": 3}
+    assert att["causal"].to_list() == [False] * 6
+    assert df.filter(pl.col("op") != "attention").select("causal", "attn_impl").null_count().row(0) == (101, 101)
     sw = json.loads(_row(df, "gemm_cublaslt.csv:10")["software"])
     assert sw["nccl"] == "2.18.5" and sw["cuda"] == "12.6"
 
