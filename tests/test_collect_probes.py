@@ -43,3 +43,7 @@ def test_quick_probes_match_schema(tmp_path):
     comm = ok.filter(pl.col("pass_") == "comm")
     assert (comm["world_size"] == 2).all() and (comm["bytes"] >= 4096).all()
     assert set(PROBE_COLUMNS) <= set(df.columns)
+    att = ok.filter(pl.col("op") == "attention")
+    assert att.height and att["causal"].all() and set(att["attn_impl"]) == {"sdpa-cpu"}
+    assert ok.filter(pl.col("op") != "attention").select("causal", "attn_impl").null_count().row(0) == \
+        (ok.height - att.height,) * 2

@@ -165,3 +165,19 @@ def test_collect_cli_bad_input_is_one_line(args, expect):
     r = CliRunner().invoke(app, ["collect", *args])
     assert r.exit_code == 2
     assert expect in r.output and "Traceback" not in r.output
+
+
+def test_sdpa_impl_names_the_backend_that_ran():
+    """The attention probes' attn_impl comes from the op SDPA dispatched to: the fused CPU kernel by default (for
+    GQA too), the unfused math path when only that backend is allowed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from perfpredict.collect.probes import sdpa_impl
+
+    q = torch.randn(1, 4, 64, 32)
+    kv = torch.randn(1, 2, 64, 32)
+    fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True,  # noqa: E731
+                                                                   enable_gqa=True)
+    assert sdpa_impl(fn) == "sdpa-cpu"
+    with sdpa_kernel(SDPBackend.MATH):
+        assert sdpa_impl(fn) == "math"

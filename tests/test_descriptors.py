@@ -108,3 +108,21 @@ def test_descriptor_columns_stable_and_finite():
     assert num.null_count().sum_horizontal().item() == 0
     assert (df["d_mem_gib"] > 0).all() and (df["d_analytic_step_s"] > 0).all()
     assert df["d_bubble_frac"][0] == pytest.approx(1 / 5)  # (p-1)/(m+p-1) with p=2, m=4
+
+
+def test_ddp_bucket_term_matches_the_bucket_bytes_collect_recorded():
+    """PyTorch DDP (framework fsdp at zero 0, dp > 1) holds one more copy of the gradients in its buckets; FSDP,
+    Megatron and DeepSpeed plans get none. On our CPU runs (datasets/ours/cpu-1c363b9f53) the descriptor equals the
+    bucket bytes collect recorded at wrap time (sum of the replica's fp32 gradient bytes), exactly."""
+    from pathlib import Path
+
+    runs = pl.read_parquet(Path(__file__).parents[1] / "datasets/ours/cpu-1c363b9f53/runs.parquet")
+    d = describe(runs)
+    assert (d["d_ddp_bucket_bytes"] == d["ddp_bucket_bytes"].cast(pl.Float64)).all()
+    assert (d.filter(pl.col("strategy") == "ddp")["d_ddp_bucket_bytes"] > 0).all()
+    wl = Workload(objective="pretrain", seq_len=2048, global_batch=64)
+    small = ModelSpec(name="s", layers=4, hidden=1024, heads=8, kv_heads=8, ffn=4096, vocab=32000)
+    ddp = one(small, Plan(dp=8, zero=0, framework="fsdp", micro_batch=1, grad_accum=8), wl)
+    fsdp = one(small, Plan(dp=8, zero=2, framework="fsdp", micro_batch=1, grad_accum=8), wl)
+    assert ddp["d_ddp_bucket_bytes"] == ddp["d_params_rank"] * 4.0 and fsdp["d_ddp_bucket_bytes"] == 0.0
+    assert one(small, Plan(dp=8, zero=0, micro_batch=1, grad_accum=8), wl)["d_ddp_bucket_bytes"] == 0.0  # megatron

@@ -94,7 +94,7 @@ def test_playbook_runs_match_csv():
     df = playbook.import_runs(SHARED / "ultrascale_playbook")
     assert df.height == 1641
     counts = dict(df.group_by("outcome").len().iter_rows())
-    assert counts == {"ok": 1027, "oom": 556, "error": 58}
+    assert counts == {"ok": 1027, "oom": 547, "error": 67}
     # benchmarks_1B_8B.csv line 2: 1B,1,8,2,16,256,8,1,1,0,39.2,40150,321200,50.2
     r = _row(df, "benchmarks_1B_8B.csv:2")
     assert (r["m_layers"], r["m_hidden"], r["m_ffn"], r["m_vocab"], r["m_tied"]) == (16, 2048, 8192, 131072, False)
@@ -103,18 +103,28 @@ def test_playbook_runs_match_csv():
     assert r["peak_memory_gib"] == pytest.approx(50.2e9 / 2**30) and r["memory_kind"] == "reported"
     assert (r["p_framework"], r["w_precision"], r["w_seq_len"], r["g_name"]) == \
         ("nanotron", "bf16", 4096, "h100-sxm-80gb")
-    # line 27: 1B,1,8,2,4,256,2,4,1,1,... published grad_acc 4 but 2*4*2 != 256: grad_accum = 256/(2*2) = 64
+    # line 27: 1B,1,8,2,4,256,2,4,1,1,24.7,21650,173197,29.0: grad_acc 4 ran (the batch it implies is 2*4*2 = 16,
+    # not the published gbs 256): its MFU against line 11 (the same plan at grad_acc 64, 42.3) is the 1F1B bubble
+    # ratio (4/7) / (64/67) = 0.60 (24.7 / 42.3 = 0.58)
     r = _row(df, "benchmarks_1B_8B.csv:27")
-    assert (r["p_grad_accum"], r["grad_acc_published"], r["w_global_batch"]) == (64, 4, 256)
-    assert "recomputed" in r["note"]
+    assert (r["p_grad_accum"], r["w_global_batch"], r["gbs_published"]) == (4, 16, 256)
+    assert r["step_time_s"] == pytest.approx(16 * 4096 / 173197) and "implies" in r["note"]
+    r11 = _row(df, "benchmarks_1B_8B.csv:11")
+    assert r["mfu_pct"] / r11["mfu_pct"] == pytest.approx((4 / 7) / (64 / 67), rel=0.03)
     # tp>1 gets sequence parallelism (nanotron REDUCE_SCATTER); line 820 is 8B tp8 dp1 zero0 mbs1, 24.4 GB
     r = _row(df, "benchmarks_1B_8B.csv:820")
     assert r["m_layers"] == 32 and r["p_tp"] == 8 and r["p_sp"] and r["gpu_mem_gb"] == 24.4
-    # line 61 (1B, dp8, mbs2, zero0) has nan metrics
+    # line 61 (1B, dp8, mbs2, zero0) has nan metrics, but line 2 is the same configuration and ran at 50.2 GB
     r = _row(df, "benchmarks_1B_8B.csv:61")
-    assert r["outcome"] == "oom" and r["step_time_s"] is None and "cause not given" in r["error"]
+    assert r["outcome"] == "error" and r["step_time_s"] is None and "benchmarks_1B_8B.csv:2 (50.2 GB)" in r["error"]
+    r = _row(df, "benchmarks_1B_8B.csv:141")  # nan, no twin that ran: oom as before
+    assert r["outcome"] == "oom" and "cause not given" in r["error"]
     bad = df.filter(pl.col("outcome") == "error")
-    assert (bad["p_pp"] > bad["m_layers"]).all()
+    assert bad.height == 67 and (bad["p_pp"] > bad["m_layers"]).sum() == 58
+    # Identity = the published plan: 10 configurations published twice, only one of them with metrics on both lines.
+    assert len(playbook.published_twice(SHARED / "ultrascale_playbook")) == 20
+    assert [(a, b, round(x, 2)) for a, b, x in playbook.twin_spread(SHARED / "ultrascale_playbook")] == \
+        [(895, 902, 4.68)]
 
 
 @needs_shared
@@ -191,8 +201,12 @@ def test_azure_probes():
     assert r["bytes"] == 65536 and r["time_s"] == pytest.approx(65536 * 2 * 7 / 8 / 2.70e9)
     # attention_tflops.csv line 3: ND_A100_v4,Flash Attention 2.0,179.5,64,2,8192 -> 32 heads
     r = _row(df, "attention_tflops.csv:3")
-    assert (r["heads"], r["head_dim"], r["kernel"]) == (32, 64, "flash_attention_2")
-    assert r["time_s"] == pytest.approx(4 * 2 * 8192**2 * 2048 / 179.5e12)
+    assert (r["heads"], r["head_dim"], r["attn_impl"], r["causal"]) == (32, 64, "flash2", False)
+    assert r["time_s"] == pytest.approx(4 * 2 * 8192**2 * 2048 / 179.5e12)  # non-causal: no halving
+    att = df.filter(pl.col("op") == "attention")
+    assert dict(att.group_by("attn_impl").len().iter_rows()) == {"flash2": 3, "math": 3}
+    assert att["causal"].to_list() == [False] * 6
+    assert df.filter(pl.col("op") != "attention").select("causal", "attn_impl").null_count().row(0) == (101, 101)
     sw = json.loads(_row(df, "gemm_cublaslt.csv:10")["software"])
     assert sw["nccl"] == "2.18.5" and sw["cuda"] == "12.6"
 

@@ -101,7 +101,9 @@ class Runner:
     device: torch.device
     dp_group: Any = None
     pp: dict[str, Any] = field(default_factory=dict)  # schedules and stage info for pipeline plans
-    ddp_bucket_bytes: int = 0  # DDP's flat gradient buckets: allocated at wrap time, invisible to the profiler
+    # DDP's flat gradient buckets (one copy of the gradients; gradient_as_bucket_view is off): allocated in C++ at
+    # wrap time, invisible to the profiler and the gc scan, so recorded beside the memory label, not in it.
+    ddp_bucket_bytes: int = 0
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:

@@ -6,7 +6,8 @@ Families (rows follow perfpredict.core.dataset.probe_schema(), with provenance):
   MLPs, LM head) at a few token counts m, plus a log-spaced grid around them.
 - attention: F.scaled_dot_product_attention, causal, fwd and fwd+bwd, over batch, heads, kv heads (GQA through
   enable_gqa), seq and head_dim. FLOPs: 4*b*h*s^2*d/2 forward (causal half); fwd+bwd counts 3.5x that (backward
-  = 2.5x forward, the FlashAttention-2 convention).
+  = 2.5x forward, the FlashAttention-2 convention). Rows carry causal=True and attn_impl, the SDPA backend that
+  really ran (read from the profiler's op names once per config, see sdpa_impl).
 - memory-bound: rmsnorm, swiglu, softmax, cross_entropy over a full vocabulary (fp32 upcast as TRL; fwd and
   fwd+bwd), elementwise add, AdamW step over a flat fp32 buffer. `bytes` is the minimum traffic.
 - collectives: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv, broadcast, 4 KiB .. 1 GiB, for every
@@ -205,12 +206,36 @@ def _attn_fns(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return fwd, fwd_bwd
 
 
+# The aten op each SDPA backend dispatches to (torch/nn/functional.py scaled_dot_product_attention ->
+# aten/src/ATen/native/transformers/attention.cpp _fused_sdp_choice), mapped to core.dataset.ATTN_IMPLS.
+# PyTorch's CUDA flash backend is FlashAttention-2.
+SDPA_OPS = {"aten::_scaled_dot_product_flash_attention_for_cpu": "sdpa-cpu",
+            "aten::_scaled_dot_product_flash_attention": "flash2",
+            "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+            "aten::_scaled_dot_product_efficient_attention": "mem_efficient",
+            "aten::_scaled_dot_product_attention_math": "math"}
+
+
+def sdpa_impl(fn: Callable[[], object]) -> str | None:
+    """The SDPA backend fn runs, from the op names a profiled call records (None if none is recognised)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    names = {e.key for e in prof.key_averages()}
+    for op, impl in SDPA_OPS.items():  # fused kernels first: math is also the name of their fallback
+        if op in names:
+            return impl
+    return None
+
+
 def attention_probes(b: Budget, device: torch.device, rng: random.Random, gpu: bool) -> list[dict[str, Any]]:
     rows = []
     for dt in b.dtypes:
         for batch, h, kvh, s, d in attention_configs(b, rng, gpu):
             fwd_flops = 4.0 * batch * h * s * s * d * 0.5
-            kw = dict(op="attention", dtype=dt, batch=batch, heads=h, kv_heads=kvh, seq_len=s, head_dim=d)
+            kw = dict(op="attention", dtype=dt, batch=batch, heads=h, kv_heads=kvh, seq_len=s, head_dim=d,
+                      causal=True)
             try:
                 q = torch.randn(batch, h, s, d, device=device, dtype=DT[dt], requires_grad=True)
                 k = torch.randn(batch, kvh, s, d, device=device, dtype=DT[dt], requires_grad=True)
@@ -220,6 +245,10 @@ def attention_probes(b: Budget, device: torch.device, rng: random.Random, gpu: b
                 rows += [_fail_row(_row(pass_=p, flops=fwd_flops, **kw), e) for p in ("fwd", "fwd_bwd")]
                 continue
             fwd, fwd_bwd = _attn_fns(q, k, v, go)
+            try:
+                kw["attn_impl"] = sdpa_impl(fwd)
+            except Exception:  # noqa: BLE001 - an unknown backend is a null, never a lost probe
+                kw["attn_impl"] = None
             rows.append(_timed(_row(pass_="fwd", flops=fwd_flops, **kw), fwd, device, b.cap_s))
             rows.append(_timed(_row(pass_="fwd_bwd", flops=3.5 * fwd_flops, **kw), fwd_bwd, device, b.cap_s))
     return rows

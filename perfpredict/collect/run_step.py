@@ -15,9 +15,10 @@ Memory:
 - CPU: the peak of live tensor bytes over one extra, untimed step: the bytes alive when it starts (every tensor
   Python can reach, found by a gc scan, storages counted once; grads already freed) plus the running maximum of
   the CPU allocator's allocations during the step from torch.profiler(profile_memory=True). DDP's flat gradient
-  buckets are allocated in C++ when the model is wrapped and neither method sees them: their size (the gradient
-  bytes) is added explicitly. Process RSS peak is recorded as well, not as the label (it carries ~350 MB of
-  import baseline)."""
+  buckets are allocated in C++ when the model is wrapped and neither method sees them, so the label leaves them
+  out (a label is only what was measured); their size (the gradient bytes, one copy) is recorded beside it as
+  ddp_bucket_bytes, and features.memory.ddp_buckets adds it to the analytic peak. Process RSS peak is recorded as
+  well, not as the label (it carries ~350 MB of import baseline)."""
 
 from __future__ import annotations
 
@@ -155,7 +156,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
                    memory_kind="cuda_max_allocated")
     elif cfg.get("measure_memory", True):
         runner.optimizer.zero_grad(set_to_none=True)  # frees from before the window would be invisible to it
-        base = live_tensor_bytes("cpu") + runner.ddp_bucket_bytes
+        base = live_tensor_bytes("cpu")
         _barrier()
         during = profiled_peak_bytes(runner.step)
         res.update(peak_bytes=base + during, baseline_bytes=base, reserved_bytes=None,

@@ -246,6 +246,6 @@ def run_one(scenario: Scenario, *, timeout_s: float = 600.0, warmup: int = 2, st
                step_times_s=json.dumps([round(x, 6) for x in res.get("times_s", [])]),
                losses=json.dumps(res.get("losses", [])),
                rss_peak_gib=max(res["rss_peak_bytes"]) / GiB if res.get("rss_peak_bytes") else None,
-               ddp_bucket_gib=(res.get("ddp_bucket_bytes") or 0) / GiB,
+               ddp_bucket_bytes=int(res.get("ddp_bucket_bytes") or 0),
                scenario_json=scenario.to_json())
     return row

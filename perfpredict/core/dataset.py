@@ -53,7 +53,15 @@ PROBE_COLUMNS = {
     "repeats": pl.Int64,
     "outcome": pl.Utf8,   # ok | oom | timeout | error
     "error": pl.Utf8,
+    # attention only (null on every other op):
+    "causal": pl.Boolean,  # a causal mask was applied, so a causal kernel computed about half of QK^T and PV; `flops`
+                           # counts what was computed (4*b*h*s^2*d, halved when causal; x3.5 for fwd_bwd)
+    "attn_impl": pl.Utf8,  # kernel that ran: flash2 | flash3 | cudnn | mem_efficient | math | sdpa-cpu; null unknown.
+                           # math = unfused matmul + softmax + matmul (scores materialised in memory); sdpa-cpu =
+                           # PyTorch's fused flash-style CPU kernel (_scaled_dot_product_flash_attention_for_cpu)
 }
+
+ATTN_IMPLS = ("flash2", "flash3", "cudnn", "mem_efficient", "math", "sdpa-cpu")
 
 LABEL_COLUMNS = {
     "run_id": pl.Utf8,

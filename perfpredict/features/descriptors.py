@@ -11,6 +11,7 @@ from perfpredict.features.memory import memory_descriptors
 DESCRIPTOR_COLUMNS = (
     "d_params_rank", "d_weight_bpp", "d_grad_bpp", "d_optim_bpp", "d_act_per_layer", "d_inflight_microbatches",
     "d_act_first", "d_act_last", "d_logits_bytes", "d_ref_weight_bytes", "d_ref_transient_bytes", "d_gathered_bytes",
+    "d_ddp_bucket_bytes",
     "d_states_gib", "d_act_gib", "d_logits_gib", "d_ref_gib", "d_mem_gib", "d_mem_frac",
     "d_tokens_per_step", "d_model_flops_per_step", "d_flops_per_step", "d_flops_per_gpu", "d_attn_flops_frac",
     "d_precompute_flops", "d_grad_bytes_per_param", "d_dp_syncs", "d_tp_colls_per_layer", "d_tp_bytes", "d_dp_bytes", "d_pp_bytes", "d_cp_bytes", "d_host_bytes", "d_cpu_optim_s", "d_collectives",

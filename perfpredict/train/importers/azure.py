@@ -19,9 +19,14 @@ UPSTREAM = Upstream(folder="azure_ai_benchmarking", repo="Azure/AI-benchmarking-
                     commit="8fd0c6e1bd0f853ef8f0500a3640a7d80a2a92ef", date="2024-09-27", license="MIT")
 SKUS = {"ND_A100_v4": "a100-sxm-80gb", "ND_H100_v5": "h100-sxm-80gb", "ND_H200_v5": "h200-sxm-141gb"}
 GPUS_PER_VM = 8
-# FlashAttention's benchmarks/benchmark_flash_attention.py, which the guide runs: model dim 2048, so
-# heads = 2048 / head_dim; fp16; the guide greps the causal=False block for batch 2, seqlen 8192.
+# FlashAttention's benchmarks/benchmark_flash_attention.py (Dao-AILab/flash-attention), which the guide runs: model
+# dim 2048, so heads = 2048 / head_dim; fp16; methods "Flash2" (flash_attn_qkvpacked_func, FlashAttention-2) and
+# "Pytorch" (its attention_pytorch: baddbmm -> softmax -> einsum, the score matrix materialised: unfused "math").
+# The guide's FlashAttention.py greps the block "### causal=False, headdim=128, batch_size=2, seqlen=8192 ###" (the
+# H100/H200 results) or the first "batch_size=2, seqlen=8192 ###" block, which the benchmark's loop order makes
+# causal=False, headdim=64 (the A100 result, stated as head dimension 64): every published row is non-causal.
 ATTN_DIM = 2048
+ATTN_IMPL = {"Flash Attention 2.0": "flash2", "Standard Attention(PyTorch)": "math"}
 # BabelStream (the guide's HBM test) defaults: 2^25 fp64 elements per array; Copy reads one array, writes one.
 STREAM_N = 2**25
 STREAM_ELEM_BYTES = 8
@@ -95,14 +100,16 @@ def import_attention(src: Path) -> list[dict[str, Any]]:
     for line, r in _rows(src, name):
         b, s, hd, tflops = int(r["batch"]), int(r["seq_len"]), int(r["head_dim"]), float(r["tflops"])
         heads = ATTN_DIM // hd
-        flops = 4.0 * b * s * s * heads * hd  # non-causal forward: QK^T and PV
-        kernel = "flash_attention_2" if "flash" in r["kernel"].lower() else "pytorch_standard"
+        flops = 4.0 * b * s * s * heads * hd  # non-causal forward: all of QK^T and PV
+        impl = ATTN_IMPL.get(r["kernel"].strip())
+        if impl is None:
+            raise ValueError(f"{name}:{line}: unknown attention kernel {r['kernel']!r}; known: {sorted(ATTN_IMPL)}")
         out.append({"op": "attention", "pass_": "fwd", "dtype": "fp16", "batch": b, "heads": heads,
                     "kv_heads": heads, "seq_len": s, "head_dim": hd, "flops": flops,
-                    "time_s": flops / (tflops * 1e12), "outcome": "ok",
+                    "time_s": flops / (tflops * 1e12), "outcome": "ok", "causal": False, "attn_impl": impl,
                     **_prov(src, r["sku"], name, "flash-attention benchmarks/benchmark_flash_attention.py"),
                     "run_id": run_id(UPSTREAM.folder, name, line), "upstream_ref": f"{name}:{line}",
-                    "sku": r["sku"], "tflops": tflops, "kernel": kernel, "causal": False})
+                    "sku": r["sku"], "tflops": tflops, "upstream_kernel": r["kernel"].strip()})
     return out
 
 
@@ -146,13 +153,28 @@ each ND_*_results.md system table; software holds its CUDA, NCCL, PyTorch and Ub
   (`-n 40`). time_s = bytes x 2(n-1)/n / (busbw x 1e9), the nccl-tests all-reduce bus-bandwidth relation, from the
   in-place busbw. `busbw_gbps` and `size_label` keep the published values.
 - attention_tflops.csv (6): op `attention`, batch 2, seq_len 8192, head_dim as published, heads = kv_heads =
-  2048 / head_dim (32 on A100, 16 on H100/H200), dtype fp16, `causal` false, pass_ `fwd`, `kernel`
-  flash_attention_2 or pytorch_standard. These come from FlashAttention's benchmarks/benchmark_flash_attention.py
-  (model dim 2048, fp16), which the guide runs and greps for the non-causal batch-2/seqlen-8192 block; the
-  published figure is taken as the forward rate (the benchmark prints fwd, bwd and fwd+bwd; the values match
-  FlashAttention-2's forward throughput on these GPUs). flops = 4 x batch x seq^2 x heads x head_dim, time_s =
-  flops / (TFLOP/s x 1e12). Inferred, not stated upstream: heads, causal=False (stated only in the guide's script),
-  pass and dtype.
+  2048 / head_dim (32 on A100, 16 on H100/H200), dtype fp16, pass_ `fwd`, `causal` false, `attn_impl` `flash2`
+  (Flash Attention 2.0: flash_attn_qkvpacked_func) or `math` (Standard Attention(PyTorch): the benchmark's own
+  attention_pytorch, baddbmm -> softmax -> einsum with the score matrix in memory; not torch SDPA);
+  `upstream_kernel` keeps the published name. Source: FlashAttention's benchmarks/benchmark_flash_attention.py
+  (Dao-AILab/flash-attention; model dim 2048, fp16), run by the guide's FlashAttention.py
+  (Azure/AI-benchmarking-guide Benchmarks/FlashAttention.py and its predecessor FlashAttention.py), which greps
+  `### causal=False, headdim=128, batch_size=2, seqlen=8192 ###` (H100/H200) or the first
+  `batch_size=2, seqlen=8192 ###` block, which the benchmark's loop order (causal False before True, headdim 64
+  before 128) makes causal=False, headdim=64 (the A100 table says head dimension 64). So every row is non-causal:
+  flops = 4 x batch x seq^2 x heads x head_dim (no causal halving), time_s = flops / (TFLOP/s x 1e12).
+  - Pass: the benchmark prints fwd, bwd and fwd+bwd on each method's line (each rate counted on its own FLOPs:
+    bwd 2.5x, fwd+bwd 3.5x the forward) and the guide's results table shows one number without saying which.
+    `fwd` is assumed, not established: the Pytorch rows sit where an unfused forward would on these memory systems
+    (46 TFLOP/s A100 hd64, 145 H100 hd128, 162 H200 hd128), but the guide's later scripts (Benchmarks/NVIDIA/
+    FlashAttention.py) parse and publish the `fwd + bwd` figure as "total", and FlashAttention-2's forward and
+    fwd+bwd rates are within ~10% of each other at this size, so the Flash2 numbers cannot tell. If they are
+    fwd+bwd rates, the rate per FLOP is still right for flash2 (within that ~10%); for math it would be 1.3-1.9x
+    off (unfused backward runs at a higher rate per counted FLOP than forward in public outputs of this benchmark).
+  - No public GPU source here has forward+backward attention rows: vidur's attention profiles
+    (vidur/profiling/attention) are inference forward passes through sarathi's paged-KV backends under
+    torch.inference_mode, and its attention.csv files are not in the snapshot; vtrain and the playbook publish no
+    attention kernels.
 - hbm_stream.csv: only the Copy rows (3) as op `copy`, numel 2^25, dtype fp64, bytes = 2 x 2^25 x 8 (read + write),
   time_s = bytes / (TB/s x 1e12); assumes BabelStream's default array size (the guide does not override it).
   Mul/Add/Triad/Dot are not imported (not ops we model; Copy carries the same bandwidth information).

@@ -68,32 +68,48 @@ def read_bench(src: Path) -> list[tuple[int, dict[str, str]]]:
         return [(line, r) for line, r in enumerate(csv.DictReader(f), start=2)]
 
 
+def _config(r: dict[str, str]) -> tuple:
+    """A run's identity: model, nodes and the plan as published (grad_acc included, see SECTION)."""
+    return tuple(r[k] for k in ("model", "nodes", "mbs", "grad_acc", "dp", "pp", "tp", "zero"))
+
+
+def published_twice(src: Path) -> dict[int, list[int]]:
+    """line -> the other lines publishing the same configuration (only lines that have a twin)."""
+    by: dict[tuple, list[int]] = {}
+    for line, r in read_bench(src):
+        by.setdefault(_config(r), []).append(line)
+    return {ln: [o for o in lines if o != ln] for lines in by.values() if len(lines) > 1 for ln in lines}
+
+
 def import_runs(src: Path) -> pl.DataFrame:
     gpu = get_gpu(GPU)
+    bench = read_bench(src)
+    by_line = dict(bench)
+    twins = published_twice(src)
     rows: list[dict[str, Any]] = []
-    for line, r in read_bench(src):
+    for line, r in bench:
         model = MODELS[r["model"]]
         nodes, gpus = int(r["nodes"]), int(r["gpus"])
-        mbs, ga_pub, gbs = int(r["mbs"]), int(r["grad_acc"]), int(r["gbs"])
+        mbs, ga, gbs_pub = int(r["mbs"]), int(r["grad_acc"]), int(r["gbs"])
         dp, pp, tp, zero = int(r["dp"]), int(r["pp"]), int(r["tp"]), int(r["zero"])
         if gpus != nodes * GPUS_PER_NODE or tp * pp * dp != gpus:
             raise ValueError(f"{BENCH_FILE}:{line}: gpus {gpus} != nodes x 8 or tp*pp*dp")
         notes = []
-        ga = ga_pub
-        if mbs * ga_pub * dp != gbs:
-            if gbs % (dp * mbs) == 0:
-                ga = gbs // (dp * mbs)
-                notes.append(f"published grad_acc={ga_pub} but mbs*grad_acc*dp={mbs * ga_pub * dp} != gbs={gbs}; "
-                             f"grad_accum recomputed as gbs/(dp*mbs)={ga}")
-            else:
-                notes.append(f"published grad_acc={ga_pub} but mbs*grad_acc*dp={mbs * ga_pub * dp} != gbs={gbs} "
-                             f"and gbs/(dp*mbs) is not integral; published grad_acc kept")
+        # nanotron's global batch is micro_batch_size x batch_accumulation_per_replica x dp, and its tokens/s and
+        # MFU are that batch's tokens over the iteration time (huggingface/nanotron src/nanotron/trainer.py:
+        # DistributedTrainer.__init__ global_batch_size, train_step_logs tokens_per_sec), so the published grad_acc
+        # is what ran and the global batch is the one it implies; the gbs column is a constant 256 (SECTION).
+        gbs = mbs * ga * dp
+        if gbs != gbs_pub:
+            notes.append(f"published gbs={gbs_pub} but mbs*grad_acc*dp={gbs}: the plan is the published grad_acc "
+                         f"and global_batch the {gbs} samples it implies (gbs_published keeps {gbs_pub})")
         cluster = Cluster(gpu=gpu, gpus_per_node=GPUS_PER_NODE, nodes=nodes)
         workload = Workload(objective="pretrain", seq_len=SEQ, global_batch=gbs, precision="bf16")
         plan = Plan(tp=tp, pp=pp, dp=dp, sequence_parallel=tp > 1, zero=zero, recompute="none", micro_batch=mbs,
                     grad_accum=ga, framework="nanotron", schedule="1f1b")
         flat, problem = scenario_row(model, cluster, workload, plan)
         tok_s, mem = _num(r["tok_s"]), _num(r["gpu_mem_gb"])
+        ran = [t for t in twins.get(line, []) if _num(by_line[t]["tok_s"]) is not None]
         labels: dict[str, Any]
         if tok_s is None:
             if pp > model.layers:
@@ -101,6 +117,12 @@ def import_runs(src: Path) -> pl.DataFrame:
                 labels = {"outcome": "error",
                           "error": f"no metrics published; pp={pp} exceeds the model's {model.layers} layers, so "
                                    "the configuration cannot run (classified error rather than oom)"}
+            elif ran:
+                t = ran[0]
+                labels = {"outcome": "error",
+                          "error": f"no metrics published, but the same configuration ran at {BENCH_FILE}:{t} "
+                                   f"({by_line[t]['gpu_mem_gb']} GB): not a deterministic out-of-memory, cause "
+                                   "not given upstream"}
             else:
                 labels = {"outcome": "oom", "error": NO_METRICS}
         else:
@@ -109,6 +131,8 @@ def import_runs(src: Path) -> pl.DataFrame:
                       "samples_per_s": tok_s / SEQ,
                       "peak_memory_gib": None if mem is None else mem * GB_TO_GIB,
                       "memory_kind": None if mem is None else "reported"}
+        if twins.get(line):
+            notes.append("configuration published twice: also " + ", ".join(f"{BENCH_FILE}:{t}" for t in twins[line]))
         if problem:
             notes.append(f"scenario check: {problem}")
         rows.append({
@@ -118,12 +142,24 @@ def import_runs(src: Path) -> pl.DataFrame:
             **UPSTREAM.provenance(MODULE, BENCH_FILE, GPU, _fingerprint(nodes)),
             "note": "; ".join(notes) or None,
             "upstream_ref": f"{BENCH_FILE}:{line}",
-            "grad_acc_published": ga_pub,
+            "gbs_published": gbs_pub,
             "mfu_pct": _num(r["mfu_pct"]),
             "tok_s_gpu": _num(r["tok_s_gpu"]),
             "gpu_mem_gb": mem,
         })
     return runs_frame(rows)
+
+
+def twin_spread(src: Path) -> list[tuple[int, int, float]]:
+    """(line, line, max/min tok_s) of every configuration published twice with metrics on both lines."""
+    by_line = dict(read_bench(src))
+    out = []
+    for line, others in sorted(published_twice(src).items()):
+        for o in others:
+            a, b = _num(by_line[line]["tok_s"]), _num(by_line[o]["tok_s"])
+            if o > line and a is not None and b is not None:
+                out.append((line, o, max(a, b) / min(a, b)))
+    return out
 
 
 def match_dp_scaling(src: Path) -> list[tuple[int, int | None]]:
@@ -179,16 +215,36 @@ SECTION = """\
 
 - `runs.parquet`: every row of benchmarks_1B_8B.csv (1641), one `runs` row each, built through ModelSpec, Cluster,
   Workload, Plan and flat_row. run_id = hash of `ultrascale_playbook/benchmarks_1B_8B.csv:<line>`; `upstream_ref`
-  names the line; `mfu_pct`, `tok_s_gpu`, `gpu_mem_gb` and `grad_acc_published` keep the published values.
+  names the line; `mfu_pct`, `tok_s_gpu`, `gpu_mem_gb` and `gbs_published` keep the published values.
   - Models: `playbook-llama-1b` (16 layers, hidden 2048, 32 heads, ffn 8192) and `playbook-llama-8b` (32, 4096, 32,
     14336); kv_heads = heads, vocab 131072, untied embeddings, SwiGLU (gated) MLP, as in this SOURCE.md.
-  - Hardware: catalog `h100-sxm-80gb`, nodes of 8 (gpus = nodes x 8 on every row). Workload: pretrain, bf16,
-    seq_len 4096, global_batch = published gbs (256 on every row). Plan: tp/pp/dp/zero (0 or 1) and micro_batch as
-    published, sequence_parallel = tp > 1 (TP mode REDUCE_SCATTER), recompute none, framework nanotron, schedule 1f1b.
-  - grad_accum: where mbs x grad_acc x dp != gbs (20 rows: PP rows and a few tp>1 rows at 32 nodes) the published gbs
-    is kept as global_batch and grad_accum = gbs / (dp x mbs), integral on all 20 rows; the published value is in
-    `grad_acc_published` and the row's `note` says what was changed. No row needed the non-integral fallback.
-  - Labels (ok rows): tokens_per_s = tok_s, step_time_s = gbs x 4096 / tok_s, samples_per_s = tok_s / 4096,
+  - Hardware: catalog `h100-sxm-80gb`, nodes of 8 (gpus = nodes x 8 on every row). Plan: tp/pp/dp/zero (0 or 1),
+    micro_batch and grad_accum as published, sequence_parallel = tp > 1 (TP mode REDUCE_SCATTER), recompute none,
+    framework nanotron, schedule 1f1b. Workload: pretrain, bf16, seq_len 4096, global_batch = micro_batch x
+    grad_accum x dp, the batch that ran; `gbs_published` keeps the published gbs (256 on every row).
+  - grad_accum is the published grad_acc on every row. On 20 rows mbs x grad_acc x dp != gbs (PP rows and a few
+    tp>1 rows at 32 nodes; implied global batches 16 to 4096 samples); each such row's `note` says so. Until this
+    revision the importer rewrote grad_accum there as gbs / (dp x mbs); that was wrong:
+    - nanotron's global batch is micro_batch_size x batch_accumulation_per_replica x dp and its tokens/s and MFU
+      are that batch's tokens over the iteration time (huggingface/nanotron src/nanotron/trainer.py:
+      DistributedTrainer.__init__ and train_step_logs), so the throughput is measured on the batch the published
+      grad_acc implies, whatever the gbs column says.
+    - The pipeline rows that differ only in grad_acc show the 1F1B bubble, which only the real number of
+      micro-batches m sets (efficiency m / (m + pp - 1)): line 27 (pp4, grad_acc 4, MFU 24.7) vs line 11 (grad_acc
+      64, 42.3): bubble ratio (4/7)/(64/67) = 0.60, MFU ratio 0.58; line 350 (pp2, 1) vs 329 (2): 0.75 vs 0.73;
+      line 674 (pp2, 8) vs 665 (128): 0.90 vs 0.80. Under the rewrite each pair would be one configuration.
+    - Not explained by either reading: the four pp=1 pairs at 32 nodes (lines 636/661, 652/685, 1434/1459,
+      1452/1486) where grad_acc 64 or 128 runs 2-5x slower than grad_acc 4 or 8 with the same plan otherwise;
+      without a bubble a larger batch should be at least as fast per token. They are kept as published.
+  - Configurations published twice (same model, nodes and plan, grad_acc included): 10. In 9 of them one line has
+    metrics and the other none (lines 2/61, 9/60, 17/59, 67/168, 70/167, 187/284, 192/283, 315/416, 317/415; the
+    measured twin peaks at 34.8-68.3 GB of 80); one has metrics on both lines, 8B on 2 nodes, tp8 dp2 zero1 mbs1
+    grad_acc 128 (lines 895 and 902): 55,189 vs 11,792 tok/s (4.68x), 19.2 vs 17.8 GB. (With the former rewrite
+    the count was 8 pairs with metrics on both lines, 1.25x-5.0x apart, median 2.3x: 7 of those 8 were pairs of
+    different grad_acc.) Every twin's `note` names the other line.
+  - Labels (ok rows): tokens_per_s = tok_s, step_time_s = global_batch x 4096 / tok_s (the implied batch, not
+    the published gbs; of the 20 rows whose grad_accum changed in this revision 9 have metrics, and their step
+    times moved by the batch ratio, x1/16 to x16), samples_per_s = tok_s / 4096,
     peak_memory_gib = gpu_mem_gb x 1e9 / 2^30, memory_kind `reported`.
   - Memory unit decision: the playbook prints "GPU memory: 50.2 GB" and nanotron's per-step log reports
     cuda_max_memory_reserved through its human_format, which divides by 1000 (decimal G). We therefore read the
@@ -201,9 +257,11 @@ SECTION = """\
     followed. If the values were GiB, every peak_memory_gib here is 7.4% low; `gpu_mem_gb` keeps the raw figure.
     Probably peak *reserved* memory (nanotron's logged figure), not peak allocated: hence memory_kind `reported`.
   - Rows without metrics (nan upstream): outcome `oom`, error "no metrics published: crashed or out of memory,
-    cause not given upstream" - except the 58 rows with pp larger than the model's layer count (1B pp 32/64/128,
-    8B pp 64/128), which cannot run at all: outcome `error` with that reason in `error`. Those 58 also fail the
-    scenario check (pp must divide layers), recorded in `note`.
+    cause not given upstream" - except (a) the 58 rows with pp larger than the model's layer count (1B pp
+    32/64/128, 8B pp 64/128), which cannot run at all: outcome `error` with that reason in `error` (they also fail
+    the scenario check, pp must divide layers, recorded in `note`); and (b) the 9 rows whose identical configuration
+    ran on another line (listed above): outcome `error`, "not a deterministic out-of-memory", since the same plan
+    measured a peak well under 80 GB. Totals: 1027 ok, 547 oom, 67 error.
 - measured_scaling_plots.csv: not imported (0 rows).
   - dp_scaling (1B, 6 rows): each plotted tok/s/GPU is a benchmarks_1B_8B.csv row already imported (matching lines
     listed below), mixing micro-batch 1 and 2 runs, and its memory column is one constant (36.66) for every dp: they

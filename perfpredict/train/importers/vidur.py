@@ -156,7 +156,9 @@ vidur column group, `model` the HF id and `tp` the tensor-parallel degree of the
     2 x numel x 2); add -> `add`, numel = num_tokens x n_embd, bytes = 3 x numel x 2. flops null. The norms are not
     sharded by TP, so their rows repeat across tp values (measured separately each time).
   - Not imported: emb, attn_rope, post_attention_layernorm (same shape as input_layernorm), and every
-    attention.csv (absent from the snapshot, see above).
+    attention.csv (absent from the snapshot, see above). Those would be inference attention only: upstream's
+    vidur/profiling/attention/attention_wrapper.py times sarathi's paged-KV attention backend forward (prefill
+    chunks or decode) under torch.inference_mode, so no forward+backward attention comes from vidur either way.
   - Hardware: a100 -> catalog `a100-sxm-80gb`, h100 -> `h100-sxm-80gb`, a40 -> `a40`. Assumption: vidur does not
     say which A100/H100 variant ran the compute profiling; the fingerprint records `catalog_assumed`.
 - network/<node>/all_reduce.csv and send_recv.csv (9 files), every size kept: one probe per (num_workers,
