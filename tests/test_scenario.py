@@ -53,10 +53,15 @@ def test_reference_defaults():
 
 
 @pytest.mark.parametrize("bad, fragment", [
-    ({"tp": 0}, "tp must be a positive integer"),
+    ({"tp": 0}, "tp must be an integer in 1.."),
+    ({"tp": True}, "tp must be an integer in 1.."),
+    ({"zero": True}, "zero must be 0, 1, 2 or 3"),
+    ({"ep": 2**40}, "ep must be an integer in 1.."),
+    ({"optimizer_offload": 1}, "optimizer_offload must be true or false"),
+    ({"stage_layers": [4, "x"]}, "stage_layers must be a list of positive integers"),
+    ({"framework": "trl+deepspeed"}, "not modelled"),
     ({"zero": 4}, "zero must be 0, 1, 2 or 3"),
     ({"recompute": "some"}, "accepted: none, selective, full"),
-    ({"sequence_parallel": True}, "sequence_parallel needs tp > 1"),
     ({"framework": "jax"}, "accepted: megatron"),
 ])
 def test_plan_rejects(bad, fragment):
@@ -137,3 +142,9 @@ def test_hf_config_missing_field(tmp_path):
 def test_cluster_bandwidth_override():
     c = Cluster(get_gpu("h100-sxm-80gb"), 8, 2, inter_node_bw_gb_per_s=12.5)
     assert c.inter_node_bw_gb_per_s == 12.5 and c.intra_node_bw_gb_per_s == get_gpu("h100-sxm-80gb").intra_node_bw_gb_per_s
+
+
+def test_sequence_parallel_with_tp1_is_off_as_megatron_does():
+    # Megatron-LM's arguments.py: "Disabling sequence parallelism because tensor model parallelism is disabled".
+    assert Plan(sequence_parallel=True).sequence_parallel is False
+    assert Plan(tp=2, sequence_parallel=True).sequence_parallel is True
