@@ -17,7 +17,7 @@ from perfpredict.predictor.kernels import KernelModel, family_of
 c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
                "head_dim", "numel", "bytes", "world_size", "ranks_per_node")
-PARTS = ("compute", "tp", "pp", "cp", "dp", "zero3", "optim")
+PARTS = ("compute", "tp", "pp", "cp", "ep", "dp", "zero3", "optim")
 # Kernels a decoder layer launches per micro-batch in eager PyTorch-based trainers: about 15 forward (norms, four
 # GEMMs, rotary, attention, activation, residuals) and twice that backward. Each costs a launch/dispatch floor
 # whatever its size (about 10 us on a GPU, more through the CPU dispatcher): small models and micro-batches are
@@ -42,12 +42,15 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_row_index("row").select(
         "row",
         hardware=c("g_name"), dtype=c("w_precision"),
-        T=T, Lps=c("m_layers").cast(pl.Float64) / c("p_pp"), mbs=c("p_grad_accum").cast(pl.Float64),
+        T=T, Lps=c("d_layers_max"), mbs=c("p_grad_accum").cast(pl.Float64),
         fwd_mult=forward_passes(), attn_fwd_extra=forward_passes() - 1.0 + sel, ref=ref,
         h=c("m_hidden").cast(pl.Float64), a=c("m_heads").cast(pl.Float64), kv=c("m_kv_heads").cast(pl.Float64),
         hd=c("m_head_dim").cast(pl.Float64), t=c("p_tp").cast(pl.Float64), V=c("m_vocab").cast(pl.Float64),
         f=f, gate=pl.when(c("m_gated")).then(2.0).otherwise(1.0),
-        experts=pl.when(moe).then(c("m_experts")).otherwise(1).cast(pl.Float64),
+        # Expert parallelism: a rank runs its experts/ep experts on the tokens routed to them from ep ranks.
+        experts=pl.when(moe).then(c("m_experts") / c("p_ep")).otherwise(1).cast(pl.Float64),
+        ep=c("p_ep"), ep_rpn=pl.min_horizontal(c("p_ep"), gpn), ep_tokens=T * pl.when(moe).then(
+            c("m_experts_per_token")).otherwise(0).cast(pl.Float64) / pl.when(c("p_sp")).then(c("p_tp")).otherwise(1),
         topk=pl.when(moe).then(c("m_experts_per_token")).otherwise(1).cast(pl.Float64),
         seqs=seqs.cast(pl.Float64), s=c("w_seq_len").cast(pl.Float64), cp=c("p_cp").cast(pl.Float64),
         tp=c("p_tp"), dp=c("p_dp") * c("p_cp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
@@ -150,6 +153,15 @@ def _comm(b: pl.DataFrame) -> list[pl.DataFrame]:
     return out
 
 
+def _expert_parallel(b: pl.DataFrame) -> list[pl.DataFrame]:
+    """MoE dispatch and combine across the ep group: one all-to-all each way per layer and forward pass, and the
+    two again in the backward; each moves this rank's routed token copies (top-k of them) at activation width."""
+    return [b.filter(c("ep") > 1).select(
+        "row", "hardware", op=pl.lit("all_to_all"), dtype=pl.lit("bf16"),
+        bytes=_i(c("ep_tokens") * c("h") * c("act_b")), world_size=c("ep"), ranks_per_node=c("ep_rpn"),
+        count=c("Lps") * c("mbs") * (2.0 * c("fwd_mult") + 2.0), part=pl.lit("ep"))]
+
+
 def _optimizer(b: pl.DataFrame) -> list[pl.DataFrame]:
     shard = pl.when(c("zero") >= 1).then(c("dp")).otherwise(1).cast(pl.Float64)
     return [b.select("row", "hardware", op=pl.lit("adam"), dtype=pl.lit("fp32"), numel=_i(c("params") / shard),
@@ -159,7 +171,7 @@ def _optimizer(b: pl.DataFrame) -> list[pl.DataFrame]:
 def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     """Every kernel one rank runs in a step, for each plan row of a descriptor frame (with its count)."""
     b = _base(desc)
-    frames = _gemms(b) + _attention(b) + _membound(b) + _comm(b) + _optimizer(b)
+    frames = _gemms(b) + _attention(b) + _membound(b) + _comm(b) + _expert_parallel(b) + _optimizer(b)
     frames = [f if "part" in f.columns else f.with_columns(part=pl.lit("compute")) for f in frames]
     q = pl.concat(frames, how="diagonal_relaxed")
     for k in KERNEL_KEYS:
@@ -186,10 +198,10 @@ def compose(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     out = desc.with_row_index("row").join(parts, on="row", how="left").drop("row")
     out = out.with_columns([c(f"k_{p}_s").fill_null(0.0) for p in PARTS])
     launch = pl.when(c("g_name") == "cpu").then(3e-5).otherwise(2e-5)
-    n_kernels = (c("p_grad_accum") * c("m_layers") / c("p_pp")
+    n_kernels = (c("p_grad_accum") * c("d_layers_max")
                  * (KERNELS_FWD_PER_LAYER * forward_passes() + KERNELS_BWD_PER_LAYER))
     out = out.with_columns(k_launch_s=n_kernels * launch)
-    stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_pp_s") + c("k_launch_s")
+    stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_ep_s") + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
         k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s"),
     ).with_columns(

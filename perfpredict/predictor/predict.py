@@ -53,15 +53,17 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         fits=pl.Series(mem * (1.0 + b.oom_margin) <= cap),
         mfu=pl.Series(mfu),
         b_compute_s=pl.Series((df["k_compute_s"] + df["k_launch_s"]).to_numpy() * ratio),
-        b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"]).to_numpy() * ratio),
+        b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"] + df["k_ep_s"]).to_numpy() * ratio),
         b_dp_comm_s=pl.Series((df["k_dp_s"] + df["k_zero3_s"]).to_numpy() * ratio),
         b_pp_comm_s=pl.Series(df["k_pp_s"].to_numpy() * ratio),
         b_bubble_s=pl.Series(df["k_bubble_s"].to_numpy() * ratio),
         b_optimizer_s=pl.Series((df["k_optim_s"] + df["d_host_s"]).to_numpy() * ratio),
-        m_states_gib=pl.Series(df["d_states_gib"].to_numpy() * mratio),
-        m_activations_gib=pl.Series(df["d_act_gib"].to_numpy() * mratio),
-        m_logits_gib=pl.Series(df["d_logits_gib"].to_numpy() * mratio),
-        m_reference_gib=pl.Series(df["d_ref_gib"].to_numpy() * mratio),
+        # The peak rank's parts, scaled like its total: they add up to peak_memory_gib.
+        m_states_gib=pl.Series(df["d_peak_states_gib"].to_numpy() * mratio),
+        m_activations_gib=pl.Series(df["d_peak_act_gib"].to_numpy() * mratio),
+        m_logits_gib=pl.Series(df["d_peak_logits_gib"].to_numpy() * mratio),
+        m_reference_gib=pl.Series(df["d_peak_ref_gib"].to_numpy() * mratio),
+        m_other_gib=pl.Series(df["d_peak_other_gib"].to_numpy() * mratio),
     )
     parts = ["b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s"]
     names = ["compute", "TP communication", "DP communication", "pipeline communication", "pipeline bubble",
@@ -96,7 +98,8 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
         breakdown={"compute_s": r["b_compute_s"], "tp_comm_s": r["b_tp_comm_s"], "dp_comm_s": r["b_dp_comm_s"],
                    "pp_comm_s": r["b_pp_comm_s"], "bubble_s": r["b_bubble_s"], "optimizer_s": r["b_optimizer_s"],
                    "states_gib": r["m_states_gib"], "activations_gib": r["m_activations_gib"],
-                   "logits_gib": r["m_logits_gib"], "reference_gib": r["m_reference_gib"]},
+                   "logits_gib": r["m_logits_gib"], "reference_gib": r["m_reference_gib"],
+                   "other_gib": r["m_other_gib"]},
         dominant=r["dominant"])
 
 
