@@ -129,10 +129,10 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
                "parameters, gradients and the optimizer step to the host",)),
     Capability(
         "harness", "perfpredict collect's PyTorch-native harness", tp=True, sequence_parallel=True, pp=True,
-        schedules=("gpipe", "1f1b"), pp_alone=True, cp=False, ep=False, zero_stages=(0, 2, 3), zero_with_pp=(0,),
+        schedules=("gpipe", "1f1b"), pp_alone=True, cp=False, ep=False, zero_stages=(0, 1, 2, 3), zero_with_pp=(0,),
         zero_with_tp_dp=(1, 2, 3), recompute=("none", "selective", "full"), moe_sequence_parallel=False,
         rankable=False, unrankable_why="it is the measurement harness; its rows train the fsdp model",
-        records_as="fsdp"),
+        records_as="fsdp", notes=("zero 1 runs (and is recorded) as zero 2: FSDP has no ZeRO-1",)),
     Capability(
         "trl+deepspeed", "TRL on DeepSpeed", **_HF, zero_stages=(0, 1, 2, 3), zero_single_replica=(0, 1, 2, 3),
         optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,), rankable=False,
