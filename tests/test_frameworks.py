@@ -5,7 +5,7 @@ plans the table allows appear and are predicted."""
 import pytest
 
 import perfpredict
-from perfpredict.core import Cluster, Plan, PerfPredictError, Scenario, Workload, get_gpu, get_model
+from perfpredict.core import Cluster, PerfPredictError, Plan, Scenario, Workload, get_gpu, get_model
 from perfpredict.core.frameworks import CAPABILITIES, RANKABLE, capability, stage_layers, why_not
 from perfpredict.core.scenario import plan_from_columns
 from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans

@@ -30,8 +30,8 @@ from perfpredict.collect import timing
 from perfpredict.collect.parallel import check_plan, strategy
 from perfpredict.core.dataset import CALIB_RATIO_MAX, LABEL_COLUMNS, OTHER_LOAD_MAX_CORES
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.core.plan import Plan
 from perfpredict.core.frameworks import CAPABILITIES
+from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario, flat_row
 
 GiB = float(2**30)
