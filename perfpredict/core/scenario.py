@@ -126,15 +126,92 @@ def _kind(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def load_scenarios(path: Path | str) -> list[dict[str, Any]]:
-    """One JSON object, a JSON list, or JSON Lines: returns the raw dicts, in order."""
-    path = Path(path)
+@dataclass(frozen=True)
+class ScenarioItem:
+    """One entry of a scenario file: where it is (JSON Lines: its line; a JSON list: its index), and either its
+    Scenario or why it is not one."""
+
+    where: str  # "line" (JSON Lines, or the line a single object starts on) | "index" (0-based, a JSON list)
+    at: int
+    scenario: Scenario | None = None
+    error: str | None = None
+
+    def location(self) -> dict[str, int]:
+        return {self.where: self.at}
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
-        raise PerfPredictError(f"cannot read scenario file {str(path)!r}: {e.strerror}") from None
+        raise PerfPredictError(f"cannot read scenario file {str(path)!r}: {e.strerror or e}") from None
     try:
-        obj = json.loads(text)
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise PerfPredictError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); scenario "
+                               "files are JSON") from None
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+
+
+def _item(where: str, at: int, raw: Any) -> ScenarioItem:
+    try:
+        return ScenarioItem(where, at, scenario=Scenario.from_dict(raw))
+    except PerfPredictError as e:
+        return ScenarioItem(where, at, error=str(e))
+    except RecursionError:
+        return ScenarioItem(where, at, error="scenario nested too deeply")
+
+
+def read_scenarios(path: Path | str) -> list[ScenarioItem]:
+    """Every scenario of a file, in order: one JSON object, a JSON list, or JSON Lines. A bad entry (not JSON, not
+    a valid scenario) is an item with its error, so callers can answer every good one; a file that cannot be read,
+    is not UTF-8 or holds no scenario at all raises PerfPredictError."""
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        obj = _loads(text)
+    except json.JSONDecodeError:
+        obj = _NOT_JSON
+    if obj is not _NOT_JSON:
+        if isinstance(obj, list):
+            if not obj:
+                raise PerfPredictError(f"{path} holds an empty list: no scenario to read")
+            return [_item("index", i, x) for i, x in enumerate(obj)]
+        first = next((i for i, line in enumerate(text.splitlines(), 1) if line.strip()), 1)
+        return [_item("line", first, obj)]
+    items = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = _loads(line)
+        except json.JSONDecodeError as e:
+            items.append(ScenarioItem("line", i, error=f"not valid JSON ({e.msg}); expected one scenario object per "
+                                                         "line"))
+            continue
+        items.append(_item("line", i, raw))
+    if not items:
+        raise PerfPredictError(f"{path} holds no scenario")
+    return items
+
+
+_NOT_JSON = object()
+
+
+def load_scenarios(path: Path | str) -> list[dict[str, Any]]:
+    """One JSON object, a JSON list, or JSON Lines: returns the raw dicts, in order (the first bad line raises)."""
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        obj = _loads(text)
+        if isinstance(obj, list) and not obj:
+            raise PerfPredictError(f"{path} holds an empty list: no scenario to read")
         return obj if isinstance(obj, list) else [obj]
     except json.JSONDecodeError:
         pass
@@ -142,7 +219,7 @@ def load_scenarios(path: Path | str) -> list[dict[str, Any]]:
     for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                out.append(json.loads(line))
+                out.append(_loads(line))
             except json.JSONDecodeError as e:
                 raise PerfPredictError(f"{path}: line {i} is not valid JSON ({e.msg}); expected one scenario "
                                        "object, a list, or JSON Lines") from None
