@@ -168,6 +168,8 @@ def predict_cmd(
         writable_file("--json", json_out, not_same_as=file)
     answers = predict_file_items(path=file, predictor=predictor)
     bad = [it for it, _ in answers if it.error]
+    if len(answers) == 1 and bad and not json_out:
+        raise PerfPredictError(bad[0].error)  # one scenario: its error is the whole answer
     if json_out:
         lines = [json.dumps({k: p.to_dict()[k] for k in PREDICT_KEYS} | it.location()) if p is not None else
                  json.dumps({"error": it.error, **it.location()}) for it, p in answers]
@@ -187,7 +189,7 @@ def predict_cmd(
                       p.dominant)
         console.print(t)
     if bad:
-        for it in bad:
+        for it in bad if len(answers) > 1 else []:
             err.print(f"{it.where} {it.at}: {it.error}", markup=False, highlight=False, soft_wrap=True)
         raise PerfPredictError(f"{len(bad)} of {len(answers)} scenarios are invalid "
                                f"({', '.join(f'{it.where} {it.at}' for it in bad[:10])}"
