@@ -59,7 +59,9 @@ def _explain(df: pl.DataFrame, unit: str) -> str:
         lines.append(f"The main gain is {why} ({gain:.3f} s less per step).")
     lines.append(f"Memory: states {a['m_states_gib']:.1f} vs {b['m_states_gib']:.1f}, activations "
                  f"{a['m_activations_gib']:.1f} vs {b['m_activations_gib']:.1f}, logits {a['m_logits_gib']:.1f} vs "
-                 f"{b['m_logits_gib']:.1f}, reference {a['m_reference_gib']:.1f} vs {b['m_reference_gib']:.1f} GiB.")
+                 f"{b['m_logits_gib']:.1f}, reference {a['m_reference_gib']:.1f} vs {b['m_reference_gib']:.1f}, "
+                 f"gathered parameters {a['m_other_gib']:.1f} vs {b['m_other_gib']:.1f} GiB (the peak rank's parts; "
+                 "they add up to its peak).")
     return "\n".join(lines)
 
 
