@@ -176,8 +176,8 @@ def test_emitted_configs_carry_ep_stages_and_param_offload():
 def test_ties_prefer_less_memory_and_breakdown_adds_up():
     df = perfpredict.rank(model="llama-3.1-8b", cluster=Cluster(H100, 8, 2), workload=Workload(global_batch=64))
     rows = df.select("samples_per_s", "peak_memory_gib", "plan").rows()
-    assert any(a[0] == b[0] for a, b in zip(rows, rows[1:]))  # ties exist (SP on/off moves no time here)
-    for a, b in zip(rows, rows[1:]):
+    assert any(a[0] == b[0] for a, b in zip(rows, rows[1:], strict=False))  # ties exist (SP on/off moves no time here)
+    for a, b in zip(rows, rows[1:], strict=False):
         assert a[0] > b[0] or (a[0] == b[0] and (a[1], a[2]) <= (b[1], b[2]))
     parts = df["m_states_gib"] + df["m_activations_gib"] + df["m_logits_gib"] + df["m_reference_gib"] + \
         df["m_other_gib"]
