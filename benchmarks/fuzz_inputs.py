@@ -146,8 +146,6 @@ def main() -> None:
                 elif res.exit_code == 2 and one_line and (res.exception is None or isinstance(res.exception,
                                                                                               SystemExit)):
                     tally["refused"] += 1
-                elif res.exit_code == 2 and "Usage:" in res.output:
-                    tally["refused by the option parser"] += 1  # click's own type check of an option value
                 else:
                     tally["BROKEN"] += 1
                     broken.append(f"{what}\n  exit {res.exit_code}: {res.exception!r}\n  {res.output[-400:]}")

@@ -12,12 +12,43 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.table import Table
 
 from perfpredict.core.errors import PerfPredictError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+try:  # typer >= 0.20 vendors its own click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click import exceptions as click_exc
+
+
+class OneLineErrors(typer.core.TyperGroup):
+    """Option values the parser itself refuses (`--gpus x`, a missing value) end like our own errors: one line,
+    exit 2, instead of a usage box; `--help` and a bare command still print help."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click_exc.NoArgsIsHelpError as e:
+            text = e.ctx.get_help() if e.ctx else ""  # typer's rich help prints itself and returns ""
+            if text:
+                print(text)
+            sys.exit(2)
+        except click_exc.ClickException as e:
+            cmd = f" (`{e.ctx.command_path} --help` lists the options)" if getattr(e, "ctx", None) else ""
+            err.print(f"error: {e.format_message()}{cmd}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(e.exit_code)
+        except click_exc.Abort:
+            err.print("aborted")
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=OneLineErrors,
                   help="Predict per-GPU memory and throughput of distributed LLM training plans, and rank them.")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
