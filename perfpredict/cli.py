@@ -95,6 +95,19 @@ def catalog_cmd(kind: Annotated[str, typer.Argument(help="gpus or models")] = "g
     console.print(t)
 
 
+@app.command("frameworks")
+@friendly
+def frameworks_cmd() -> None:
+    """What each training framework can run: the capability table plans, emit and collect read."""
+    from perfpredict.core.frameworks import table_rows
+
+    rows = table_rows()
+    t = Table(*rows[0].keys())
+    for r in rows:
+        t.add_row(*("yes" if v is True else "-" if v is False else str(v) for v in r.values()))
+    console.print(t)
+
+
 @app.command("plans")
 @friendly
 def plans_cmd(

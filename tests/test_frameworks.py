@@ -184,3 +184,12 @@ def test_ties_prefer_less_memory_and_breakdown_adds_up():
     assert ((parts - df["peak_memory_gib"]).abs() < 1e-6 * df["peak_memory_gib"]).all()
     again = perfpredict.rank(model="llama-3.1-8b", cluster=Cluster(H100, 8, 2), workload=Workload(global_batch=64))
     assert again["plan"].to_list() == df["plan"].to_list()
+
+
+def test_frameworks_command_lists_the_table():
+    from typer.testing import CliRunner
+
+    from perfpredict.cli import app
+
+    r = CliRunner().invoke(app, ["frameworks"])
+    assert r.exit_code == 0 and "trl+deepspeed" in r.stdout and "megatron" in r.stdout
