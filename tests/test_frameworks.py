@@ -192,4 +192,4 @@ def test_frameworks_command_lists_the_table():
     from perfpredict.cli import app
 
     r = CliRunner().invoke(app, ["frameworks"])
-    assert r.exit_code == 0 and "trl+deepspeed" in r.stdout and "megatron" in r.stdout
+    assert r.exit_code == 0 and "trl" in r.stdout and "megatron" in r.stdout
