@@ -29,7 +29,11 @@ FIELD_TYPES = {
              "framework": "str", "schedule": "str", "virtual_stages": "int", "ep": "int", "param_offload": "bool"},
     "hardware": {"gpu": "str", "gpus_per_node": "int", "nodes": "int", "intra_node_bw_gb_per_s": "num",
                  "inter_node_bw_gb_per_s": "num"},
+    "model": {"layers": "int", "hidden": "int", "heads": "int", "kv_heads": "int", "ffn": "int", "vocab": "int",
+              "head_dim": "int", "experts": "int", "tied_embeddings": "bool", "gated_mlp": "bool", "name": "str"},
 }
+CUSTOM_MODEL = {"name": "custom-3b", "layers": 28, "hidden": 3072, "heads": 24, "kv_heads": 8, "ffn": 8192,
+                "vocab": 128256}
 JUNK = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.sampled_from([0, 1, 2, 3, -1, 7, 10**18]),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12), st.sampled_from(["nan", "", "1", "tp"]),
@@ -46,38 +50,56 @@ def _wrong_type(kind: str, v: object) -> bool:
     return not isinstance(v, str)
 
 
+MODEL_KEYS = {"name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "head_dim", "tied_embeddings",
+              "gated_mlp", "experts", "experts_per_token", "expert_ffn", "qkv_bias", "mlp_bias", "norms_per_layer"}
+
+
+def _must_fail(d: object) -> bool:
+    """Whether the final document breaks the schema's types (so accepting it would be a silent fix-up)."""
+    if not isinstance(d, dict) or set(d) - {"model", "hardware", "workload", "plan"}:
+        return True
+    for section, fields in FIELD_TYPES.items():
+        if section not in d:
+            continue
+        v = d[section]
+        if section == "model" and isinstance(v, str):
+            continue
+        if not isinstance(v, dict):
+            return True
+        extra = set(v) - set(fields) - (MODEL_KEYS if section == "model" else {"gpus"} if section == "hardware"
+                                        else {"stage_layers"} if section == "plan" else set())
+        if extra or any(_wrong_type(kind, v[k]) for k, kind in fields.items() if k in v):
+            return True
+    return False
+
+
 @st.composite
 def mutated(draw):
     """(file bytes, must_fail): a scenario with one to three mutations anywhere in the schema, or raw bytes."""
     if draw(st.integers(0, 9)) == 0:
         return draw(st.binary(max_size=64)), False
     d = json.loads(json.dumps(BASE))
-    must_fail = False
+    if draw(st.booleans()):
+        d["model"] = dict(CUSTOM_MODEL)
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(["value", "value", "value", "drop", "extra", "section", "top"]))
         section = draw(st.sampled_from(["workload", "plan", "hardware", "model"]))
         if kind == "top":
             d = draw(st.sampled_from([[], [d, 1], 3, "x", None, {}]))
-            must_fail = True
             break
         if kind == "section":
             d[section] = draw(st.one_of(st.booleans(), st.integers(), st.just("nan"), st.just([]), st.just(10**18)))
-            must_fail = must_fail or section != "model" or not isinstance(d[section], str)
             continue
         if not isinstance(d.get(section), dict):
             continue
         fields = FIELD_TYPES.get(section, {})
         if kind == "extra":
             d[section][draw(st.sampled_from(["bogus", "Tp", "gpus_total"]))] = 1
-            must_fail = True
         elif kind == "drop" and d[section]:
             d[section].pop(draw(st.sampled_from(sorted(d[section]))))
         elif kind == "value" and fields:
-            key = draw(st.sampled_from(sorted(fields)))
-            v = draw(JUNK)
-            d[section][key] = v
-            must_fail = must_fail or _wrong_type(fields[key], v)
-    return json.dumps(d, allow_nan=True).encode(), must_fail
+            d[section][draw(st.sampled_from(sorted(fields)))] = draw(JUNK)
+    return json.dumps(d, allow_nan=True).encode(), _must_fail(d)
 
 
 def _check(r, must_fail: bool) -> None:
@@ -211,3 +233,15 @@ def test_cli_option_checks_come_before_the_work(tmp_path):
     f.write_text(json.dumps(BASE))
     r = runner.invoke(app, ["predict", str(f), "--json", str(f)])
     assert r.exit_code == 2 and "is the input file" in r.stderr
+
+
+def test_model_config_files_are_one_line(tmp_path):
+    bad = tmp_path / "config.json"
+    for content, fragment in [(b"\xff\xfe", "cannot read model config"), (b"[1]", "is not a JSON object"),
+                              (b'{"hidden_size": "x", "num_attention_heads": 8, "num_hidden_layers": 2, '
+                               b'"vocab_size": 10}', "lacks a required field"),
+                              (b'{"hidden_size": 64, "num_attention_heads": 0, "num_hidden_layers": 2, '
+                               b'"vocab_size": 10}', "model config")]:
+        bad.write_bytes(content)
+        r = runner.invoke(app, ["plans", "--model", str(bad), "--gpu", "h100-sxm-80gb"])
+        assert r.exit_code == 2 and fragment in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
