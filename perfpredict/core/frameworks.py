@@ -234,6 +234,10 @@ def why_not(plan: Plan, model: ModelSpec | None = None, *, framework: str | None
         if plan.schedule == "gpipe":
             return f"{who} has no GPipe schedule (use {' or '.join(cap.schedules)})"
         return f"{who} has no {plan.schedule} schedule; accepted: {', '.join(cap.schedules)}"
+    if (plan.pp > 1 and plan.schedule == "interleaved" and cap.interleaved_needs_ga_multiple
+            and plan.grad_accum % plan.pp):
+        return (f"{who}'s interleaved schedule needs the micro-batches per step (grad_accum {plan.grad_accum}) to be a "
+                f"multiple of pp ({plan.pp})")
     zeros = cap.zero_choices(tp=plan.tp, pp=plan.pp, dp=plan.dp, offload=False)
     if plan.zero not in zeros:
         where = ("one data-parallel replica" if plan.dp == 1 else "pipeline parallelism" if plan.pp > 1 and
