@@ -10,6 +10,7 @@ the tally and every broken input; exits 1 if any broke."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import tempfile
@@ -133,7 +134,9 @@ def main() -> None:
     runner = CliRunner()
     tally: Counter = Counter()
     broken: list[str] = []
+    home = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)  # a junk output name (--json True) lands in the scratch folder, not the checkout
         for _ in track(range(n), description="fuzzing"):
             if r.random() < 0.8:
                 what, args = cli_case(r, Path(tmp))
@@ -169,6 +172,7 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001 - counting what escapes is the point
                     tally["BROKEN"] += 1
                     broken.append(f"{what}\n  {e!r}")
+    os.chdir(home)
     con = Console()
     con.print(f"{n} inputs: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
     for b in broken[:30]:
