@@ -12,15 +12,47 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.table import Table
 
 from perfpredict.core.errors import PerfPredictError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+try:  # typer >= 0.20 vendors its own click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click import exceptions as click_exc
+
+
+class OneLineErrors(typer.core.TyperGroup):
+    """Option values the parser itself refuses (`--gpus x`, a missing value) end like our own errors: one line,
+    exit 2, instead of a usage box; `--help` and a bare command still print help."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click_exc.NoArgsIsHelpError as e:
+            text = e.ctx.get_help() if e.ctx else ""  # typer's rich help prints itself and returns ""
+            if text:
+                print(text)
+            sys.exit(2)
+        except click_exc.ClickException as e:
+            cmd = f" (`{e.ctx.command_path} --help` lists the options)" if getattr(e, "ctx", None) else ""
+            err.print(f"error: {e.format_message()}{cmd}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(e.exit_code)
+        except click_exc.Abort:
+            err.print("aborted")
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=OneLineErrors,
                   help="Predict per-GPU memory and throughput of distributed LLM training plans, and rank them.")
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
+JSON_HELP = "write JSON to FILE, or to stdout with -"
 
 
 def friendly(fn):
@@ -33,8 +65,10 @@ def friendly(fn):
         except PerfPredictError as e:
             err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            err.print(f"error: {e.strerror}: {e.filename}", markup=False, highlight=False, soft_wrap=True)
+        except OSError as e:
+            what = e.strerror or str(e) or type(e).__name__
+            err.print(f"error: {what}" + (f": {e.filename}" if e.filename else ""), markup=False, highlight=False,
+                      soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -61,6 +95,19 @@ def catalog_cmd(kind: Annotated[str, typer.Argument(help="gpus or models")] = "g
     console.print(t)
 
 
+@app.command("frameworks")
+@friendly
+def frameworks_cmd() -> None:
+    """What each training framework can run: the capability table plans, emit and collect read."""
+    from perfpredict.core.frameworks import table_rows
+
+    rows = table_rows()
+    t = Table(*rows[0].keys())
+    for r in rows:
+        t.add_row(*("yes" if v is True else "-" if v is False else str(v) for v in r.values()))
+    console.print(t)
+
+
 @app.command("plans")
 @friendly
 def plans_cmd(
@@ -72,19 +119,34 @@ def plans_cmd(
     seq_len: Annotated[int, typer.Option(help="tokens per sequence (prompt + response)")] = 2048,
     objective: Annotated[str, typer.Option(help="pretrain | sft | dpo | ipo | simpo | orpo")] = "dpo",
     sample: Annotated[int, typer.Option(help="how many plans to show")] = 10,
+    framework: Annotated[list[str] | None, typer.Option(help="only these frameworks (repeatable)")] = None,
+    json_out: Annotated[str | None, typer.Option("--json", help=JSON_HELP)] = None,
 ) -> None:
     """Count the legal plans for a model on a cluster, show a sample and the rejection tally."""
     from perfpredict.api import legal_plans
+    from perfpredict.core.errors import check_int
+    from perfpredict.core.paths import writable_file
 
+    check_int("--sample", sample, 0, 1 << 20)
+    if json_out not in (None, "-"):
+        writable_file("--json", json_out)
     plans, rej = legal_plans(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node,
-                             global_batch=global_batch, seq_len=seq_len, objective=objective)
+                             global_batch=global_batch, seq_len=seq_len, objective=objective, frameworks=framework)
+    if json_out:
+        text = json.dumps({"plans": [p.to_dict() | {"plan": p.label()} for p in plans],
+                           "rejected": dict(rej.counts.most_common())})
+        sys.stdout.write(text + "\n") if json_out == "-" else Path(json_out).write_text(text)
+        return
     console.print(f"[bold]{len(plans)}[/] legal plans, {rej.total} candidates rejected")
     step = max(1, len(plans) // max(sample, 1))
-    t = Table("framework", "tp", "pp", "dp", "cp", "sp", "zero", "mbs", "ga", "recompute", "schedule", "offload")
+    t = Table("framework", "tp", "pp", "dp", "cp", "ep", "sp", "zero", "mbs", "ga", "recompute", "schedule", "offload",
+              "stages")
     for p in plans[::step][:sample]:
-        t.add_row(p.framework, str(p.tp), str(p.pp), str(p.dp), str(p.cp), "y" if p.sequence_parallel else "-",
-                  str(p.zero), str(p.micro_batch), str(p.grad_accum), p.recompute,
-                  p.schedule + (f"/v{p.virtual_stages}" if p.virtual_stages > 1 else ""), "y" if p.optimizer_offload else "-")
+        t.add_row(p.framework, str(p.tp), str(p.pp), str(p.dp), str(p.cp), str(p.ep),
+                  "y" if p.sequence_parallel else "-", str(p.zero), str(p.micro_batch), str(p.grad_accum), p.recompute,
+                  p.schedule + (f"/v{p.virtual_stages}" if p.virtual_stages > 1 else ""),
+                  ("y+params" if p.param_offload else "y") if p.optimizer_offload else "-",
+                  ",".join(map(str, p.stage_layers)) or "even")
     console.print(t)
     r = Table("rejected because", "count")
     for reason, n in rej.counts.most_common():
@@ -95,13 +157,18 @@ def plans_cmd(
 @app.command("describe")
 @friendly
 def describe_cmd(scenario: Annotated[Path, typer.Argument(help="scenario JSON file")],
-                 json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+                 json_out: Annotated[str | None, typer.Option("--json", help=JSON_HELP)] = None
+                 ) -> None:
     """The analytic descriptors of one scenario, as a table."""
     from perfpredict.api import describe_scenarios
+    from perfpredict.core.paths import writable_file
 
+    if json_out not in (None, "-"):
+        writable_file("--json", json_out, not_same_as=scenario)
     df = describe_scenarios(path=scenario)
     if json_out:
-        console.print_json(json.dumps(df.to_dicts(), default=str))
+        text = json.dumps(df.to_dicts(), default=str)
+        sys.stdout.write(text + "\n") if json_out == "-" else Path(json_out).write_text(text)
         return
     for i, row in enumerate(df.to_dicts()):
         t = Table("descriptor", "value", title=f"scenario {i + 1}")

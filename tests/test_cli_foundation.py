@@ -44,7 +44,7 @@ def test_unknown_model():
 
 def test_negative_sizes():
     r = runner.invoke(app, ["plans", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--seq-len", "-1"])
-    _one_line_error(r, "seq_len must be a positive integer")
+    _one_line_error(r, "seq_len must be an integer in 1..16777216")
 
 
 def test_tp_not_dividing_heads(tmp_path):

@@ -2,6 +2,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfpredict.core import Cluster, ModelSpec, Workload, get_gpu, get_model
+from perfpredict.core.frameworks import why_not
 from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
 
 H100 = get_gpu("h100-sxm-80gb")
@@ -12,15 +13,18 @@ def _check_legal(model, cluster, workload, plans):
         assert p.tp * p.pp * p.dp * p.cp == cluster.gpus
         assert model.heads % p.tp == 0 and model.kv_heads % p.tp == 0
         assert p.tp <= cluster.gpus_per_node
-        assert model.layers % (p.pp * p.virtual_stages) == 0
+        stages = p.stage_layers or (model.layers // p.pp,) * p.pp
+        assert sum(stages) == model.layers and len(stages) == p.pp
+        assert all(n % p.virtual_stages == 0 for n in stages)
         assert p.micro_batch * p.grad_accum * p.dp == workload.global_batch
-        if p.dp == 1:
-            assert p.zero == 0
+        if p.dp == 1 and p.zero:
+            assert p.optimizer_offload  # ZeRO on one replica only to offload
+        assert why_not(p, model) is None, p.label()
         if p.framework == "deepspeed":
-            assert p.tp == 1 and p.cp == 1 and (p.pp == 1 or p.zero <= 1)
+            assert p.tp == 1 and p.cp == 1 and p.pp == 1
         if p.framework == "fsdp":
-            assert p.pp == 1 and p.zero in (2, 3)
-        if p.framework in ("megatron", "nanotron"):
+            assert p.pp == 1 and p.tp == 1 and p.zero in (2, 3)
+        if p.framework == "nanotron":
             assert p.zero <= 1 and not p.optimizer_offload
         if p.schedule == "interleaved":
             assert p.grad_accum % p.pp == 0

@@ -58,11 +58,15 @@ def test_rank_gpus_auto_finds_a_cluster():
 
 
 def test_nothing_fits_says_what_would():
-    r = runner.invoke(app, ["rank", "--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--gpus", "2",
+    r = runner.invoke(app, ["rank", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--gpus", "1",
                             "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "4096"])
     assert r.exit_code == 0, r.output
     assert "0 predicted to fit" in r.output and "What would" in r.output
     assert "Traceback" not in r.output
+    # When no single change helps either, it says so instead of an empty "What would:".
+    r = runner.invoke(app, ["rank", "--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--gpus", "2",
+                            "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32768"])
+    assert r.exit_code == 0 and "no single change tried makes a plan fit" in r.output, r.output
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -72,7 +76,7 @@ def test_nothing_fits_says_what_would():
     (["--gpus", "auto"], "--gpus auto needs --target-pairs-per-s"),
     (["--json", "-", "--csv", "-"], "both write to stdout"),
     (["--objective", "simpo", "--reference", "live"], "has no reference model"),
-    (["--global-batch", "0"], "global_batch must be a positive integer"),
+    (["--global-batch", "0"], "global_batch must be an integer in 1..16777216"),
     (["--emit", "cuda"], "accepted"),
 ])
 def test_rank_bad_input_is_one_line(args, fragment):
@@ -92,7 +96,7 @@ def test_predict_file_json_lines(tmp_path):
     two = json.loads(open("examples/scenario-8b-dpo.json").read())
     p = tmp_path / "s.jsonl"
     p.write_text(json.dumps(one) + "\n" + json.dumps(two) + "\n")
-    r = runner.invoke(app, ["predict", str(p), "--json"])
+    r = runner.invoke(app, ["predict", str(p), "--json", "-"])
     assert r.exit_code == 0, r.output
     out = [json.loads(line) for line in r.output.splitlines()]
     assert len(out) == 2

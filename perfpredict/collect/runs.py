@@ -30,6 +30,7 @@ from perfpredict.collect import timing
 from perfpredict.collect.parallel import check_plan, strategy
 from perfpredict.core.dataset import CALIB_RATIO_MAX, LABEL_COLUMNS, OTHER_LOAD_MAX_CORES
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.frameworks import CAPABILITIES
 from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario, flat_row
 
@@ -62,6 +63,9 @@ def calibration_baseline(refresh: bool = False) -> float:
     return _baseline[0]
 
 
+HARNESS = CAPABILITIES["harness"]
+
+
 def effective_plan(plan: Plan) -> Plan:
     """The plan as collect runs it: FSDP has no ZeRO-1, so zero 1 runs (and is recorded) as zero 2; with one
     data-parallel replica there is nothing to shard, so zero is 0; the framework is PyTorch-native ("fsdp")."""
@@ -70,7 +74,7 @@ def effective_plan(plan: Plan) -> Plan:
         zero = 0
     elif zero == 1:
         zero = 2
-    return replace(plan, zero=zero, framework="fsdp")
+    return replace(plan, zero=zero, framework=HARNESS.records_as)
 
 
 def run_id(scenario: Scenario, *, warmup: int, steps: int, seed: int, threads: int, fail: str | None = None) -> str:

@@ -23,7 +23,7 @@ from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import store
 from perfpredict.collect.model import shrink
 from perfpredict.collect.parallel import check_plan
-from perfpredict.collect.runs import effective_plan, run_id, run_one
+from perfpredict.collect.runs import HARNESS, effective_plan, run_id, run_one
 from perfpredict.core.catalog import get_model
 from perfpredict.core.dataset import append_rows
 from perfpredict.core.errors import PerfPredictError
@@ -72,7 +72,8 @@ MICRO = [(1, 0.4), (2, 0.4), (4, 0.2)]
 ACCUM = [(1, 0.45), (2, 0.35), (4, 0.2)]
 SEQ = [(128, 0.25), (256, 0.35), (384, 0.2), (512, 0.2)]
 PRECISION = [("fp32", 0.75), ("bf16", 0.25)]
-# Strategies per world size: (tp, pp, dp, zero, sp, schedule)
+# Strategies per world size: (tp, pp, dp, zero, sp, schedule); check_plan holds each to the harness's row of the
+# capability table (core.frameworks), so a strategy the harness cannot build is skipped, never run.
 STRATEGIES = {
     1: [((1, 1, 1, 0, False, "1f1b"), 1.0)],
     2: [((1, 1, 2, 0, False, "1f1b"), 0.2), ((1, 1, 2, 2, False, "1f1b"), 0.13),
@@ -147,7 +148,7 @@ def sample_plans(*, n: int, models: tuple[str, ...] = DEFAULT_MODELS, seed: int 
         try:
             w = Workload(objective=obj, seq_len=seq, global_batch=mb * ga * dp, precision=prec, reference=ref)
             p = effective_plan(Plan(tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=sp, recompute=rc,
-                                    micro_batch=mb, grad_accum=ga, schedule=sched, framework="fsdp"))
+                                    micro_batch=mb, grad_accum=ga, schedule=sched, framework=HARNESS.records_as))
             check_plan(spec, w, p, world)
             Scenario(model=spec, cluster=cluster_for(world), workload=w, plan=p)  # core's own legality rules
         except PerfPredictError:

@@ -38,6 +38,8 @@ def model_catalog() -> dict[str, ModelSpec]:
 
 
 def get_gpu(name: str) -> GPUSpec:
+    if not isinstance(name, str):
+        raise PerfPredictError(f"gpu must be a catalog name, got {type(name).__name__}")
     cat = gpu_catalog()
     key = name.strip().lower()
     if key not in cat:
@@ -47,14 +49,22 @@ def get_gpu(name: str) -> GPUSpec:
 
 def get_model(name_or_path: str) -> ModelSpec:
     """A catalog name, or a path to a Hugging Face config.json (or a folder holding one)."""
+    if not isinstance(name_or_path, str):
+        raise PerfPredictError(f"model must be a catalog name or a config.json path, got {type(name_or_path).__name__}")
     cat = model_catalog()
     key = name_or_path.strip().lower()
     if key in cat:
         return cat[key]
+    if not key or "\0" in name_or_path or len(name_or_path) > 4096:
+        raise unknown("model", name_or_path[:60], cat)
     p = Path(name_or_path)
-    if p.is_dir():
-        p = p / "config.json"
-    if p.suffix == ".json" or p.exists():
+    try:
+        if p.is_dir():
+            p = p / "config.json"
+        exists = p.exists()
+    except OSError:
+        exists = False
+    if p.suffix == ".json" or exists:
         if not p.exists():
             raise PerfPredictError(f"model config {str(p)!r} does not exist")
         from perfpredict.core.hf_config import model_from_hf_config

@@ -29,3 +29,50 @@ def unknown(kind: str, name: str, known: Iterable[str]) -> PerfPredictError:
 def require(cond: bool, message: str) -> None:
     if not cond:
         raise PerfPredictError(message)
+
+
+# --- checks every entry point runs before any arithmetic: type first, then the accepted range in the message ------
+
+def _show(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_int(name: str, v: object, lo: int, hi: int) -> int:
+    """An integer (never a bool: JSON true is not 1) within lo..hi."""
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise PerfPredictError(f"{name} must be an integer in {lo}..{hi}, got {_show(v)}")
+    if not lo <= v <= hi:
+        raise PerfPredictError(f"{name} must be an integer in {lo}..{hi}, got {v}")
+    return v
+
+
+def check_number(name: str, v: object, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    """A finite real number (int or float, never a bool) within [lo, hi] (or (lo, hi] with lo_open)."""
+    import math
+
+    rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise PerfPredictError(f"{name} must be a number in {rng}, got {_show(v)}")
+    if v > hi or v < lo or (lo_open and v == lo):
+        raise PerfPredictError(f"{name} must be a number in {rng}, got {v:g}")
+    return v
+
+
+def check_bool(name: str, v: object) -> bool:
+    if not isinstance(v, bool):
+        raise PerfPredictError(f"{name} must be true or false, got {_show(v)}")
+    return v
+
+
+def check_choice(name: str, v: object, accepted: Iterable[str]) -> str:
+    accepted = list(accepted)
+    if not isinstance(v, str) or v not in accepted:
+        raise PerfPredictError(f"unknown {name} {_show(v)}; accepted: {', '.join(accepted)}")
+    return v
+
+
+def check_str(name: str, v: object, max_len: int = 200) -> str:
+    if not isinstance(v, str) or not v or len(v) > max_len:
+        raise PerfPredictError(f"{name} must be a non-empty string of at most {max_len} characters, got {_show(v)}")
+    return v

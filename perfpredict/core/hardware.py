@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from perfpredict.core.errors import PerfPredictError, require
+from perfpredict.core.errors import PerfPredictError, check_int, check_number, check_str, require
+
+MAX_GPUS_PER_NODE = 1024
+MAX_NODES = 1 << 20
+GPU_LIMITS = {"memory_gib": 1e5, "bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp32_tflops": 1e6, "hbm_tb_per_s": 1e4,
+              "intra_node_bw_gb_per_s": 1e5, "inter_node_bw_gb_per_s": 1e5}
 
 
 @dataclass(frozen=True)
@@ -29,10 +34,14 @@ class GPUSpec:
     notes: str = ""
 
     def __post_init__(self) -> None:
-        for f in ("memory_gib", "bf16_tflops", "fp32_tflops", "hbm_tb_per_s",
-                  "intra_node_bw_gb_per_s", "inter_node_bw_gb_per_s"):
-            v = getattr(self, f)
-            require(isinstance(v, (int, float)) and v > 0, f"gpu {self.name!r}: {f} must be positive, got {v!r}")
+        check_str("gpu name", self.name)
+        require(isinstance(self.vendor, str), f"gpu {self.name!r}: vendor must be a string")
+        for f, hi in GPU_LIMITS.items():
+            check_number(f"gpu {self.name!r}: {f}", getattr(self, f), 0.0, hi, lo_open=True)
+        for f in ("fp8_tflops", "l2_mib", "pcie_gb_per_s"):
+            check_number(f"gpu {self.name!r}: {f}", getattr(self, f), 0.0, 1e6)
+        check_int(f"gpu {self.name!r}: sms", self.sms, 0, 1 << 20)
+        require(isinstance(self.sources, (list, tuple)), f"gpu {self.name!r}: sources must be a list")
         object.__setattr__(self, "sources", tuple(self.sources))
 
     def to_dict(self) -> dict[str, Any]:
@@ -42,6 +51,8 @@ class GPUSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPUSpec:
+        if not isinstance(d, dict):
+            raise PerfPredictError(f"gpu must be a catalog name or an object of GPU figures, got {type(d).__name__}")
         names = {f.name for f in fields(cls)}
         extra = set(d) - names
         if extra:
@@ -61,11 +72,11 @@ class Cluster:
     inter_node_bw_gb_per_s: float = 0.0
 
     def __post_init__(self) -> None:
-        require(isinstance(self.gpus_per_node, int) and self.gpus_per_node > 0,
-                f"gpus_per_node must be a positive integer, got {self.gpus_per_node!r}")
-        require(isinstance(self.nodes, int) and self.nodes > 0, f"nodes must be a positive integer, got {self.nodes!r}")
+        require(isinstance(self.gpu, GPUSpec), f"gpu must be a GPUSpec, got {type(self.gpu).__name__}")
+        check_int("gpus_per_node", self.gpus_per_node, 1, MAX_GPUS_PER_NODE)
+        check_int("nodes", self.nodes, 1, MAX_NODES)
         for f in ("intra_node_bw_gb_per_s", "inter_node_bw_gb_per_s"):
-            require(getattr(self, f) >= 0, f"{f} must be >= 0 GB/s, got {getattr(self, f)!r}")
+            check_number(f"{f} (0 = the GPU's)", getattr(self, f), 0.0, 1e5)
         if not self.intra_node_bw_gb_per_s:
             object.__setattr__(self, "intra_node_bw_gb_per_s", self.gpu.intra_node_bw_gb_per_s)
         if not self.inter_node_bw_gb_per_s:
@@ -93,15 +104,17 @@ class Cluster:
         if "gpu" not in d:
             raise PerfPredictError("hardware needs 'gpu' (a catalog name or an object of GPU figures)")
         gpu = get_gpu(d["gpu"]) if isinstance(d["gpu"], str) else GPUSpec.from_dict(d["gpu"])
-        gpn = d.get("gpus_per_node", 8)
+        gpn = check_int("gpus_per_node", d.get("gpus_per_node", 8), 1, MAX_GPUS_PER_NODE)
         nodes = d.get("nodes")
+        if nodes is not None:
+            check_int("nodes", nodes, 1, MAX_NODES)
         if "gpus" in d:
-            total = d["gpus"]
-            require(isinstance(total, int) and total > 0, f"gpus must be a positive integer, got {total!r}")
-            gpn = min(gpn, total)
+            total = check_int("gpus", d["gpus"], 1, MAX_GPUS_PER_NODE * MAX_NODES)
+            if "gpus_per_node" not in d or gpn > total:
+                gpn = min(gpn, total)  # fewer GPUs than a default node: one partial node
             require(total % gpn == 0, f"gpus ({total}) must be a multiple of gpus_per_node ({gpn})")
             require(nodes is None or nodes * gpn == total, f"gpus ({total}) != nodes ({nodes}) x gpus_per_node ({gpn})")
             nodes = total // gpn
-        return cls(gpu=gpu, gpus_per_node=gpn, nodes=nodes or 1,
+        return cls(gpu=gpu, gpus_per_node=gpn, nodes=1 if nodes is None else nodes,
                    intra_node_bw_gb_per_s=d.get("intra_node_bw_gb_per_s", 0.0),
                    inter_node_bw_gb_per_s=d.get("inter_node_bw_gb_per_s", 0.0))

@@ -24,9 +24,19 @@ def _first(cfg: dict, *keys: str, default=None):
 def model_from_hf_config(path: Path | str) -> ModelSpec:
     path = Path(path)
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise PerfPredictError(f"cannot read model config {str(path)!r}: {e}") from None
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or not UTF-8
+        raise PerfPredictError(f"cannot read model config {str(path)!r}: {str(e)[:200]}") from None
+    try:
+        return _from_config(cfg, path)
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError, OverflowError) as e:
+        if isinstance(e, PerfPredictError):
+            raise
+        raise PerfPredictError(f"model config {str(path)!r} has a field of the wrong type or value "
+                               f"({str(e)[:120]})") from None
+
+
+def _from_config(cfg: object, path: Path) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise PerfPredictError(f"model config {str(path)!r} is not a JSON object")
     cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from perfpredict.core.errors import PerfPredictError, require
+from perfpredict.core.errors import PerfPredictError, check_bool, check_int, check_str, require
+
+# Upper bounds on each shape field (well beyond any model published), so arithmetic stays in range.
+LIMITS = {"layers": 10_000, "hidden": 1 << 20, "heads": 1 << 16, "kv_heads": 1 << 16, "ffn": 1 << 22,
+          "vocab": 1 << 24, "head_dim": 1 << 16, "experts": 1 << 16, "experts_per_token": 1 << 16,
+          "expert_ffn": 1 << 22, "norms_per_layer": 16}
+ZERO_OK = {"ffn", "head_dim", "experts", "experts_per_token", "expert_ffn", "norms_per_layer"}
 
 
 @dataclass(frozen=True)
@@ -28,11 +34,15 @@ class ModelSpec:
     norms_per_layer: int = 2
 
     def __post_init__(self) -> None:
+        check_str("model name", self.name)
+        for f, hi in LIMITS.items():
+            check_int(f"model {self.name!r}: {f}", getattr(self, f), 0 if f in ZERO_OK else 1, hi)
+        for f in ("tied_embeddings", "gated_mlp", "qkv_bias", "mlp_bias"):
+            check_bool(f"model {self.name!r}: {f}", getattr(self, f))
         if self.head_dim == 0:
-            object.__setattr__(self, "head_dim", self.hidden // max(self.heads, 1))
-        for f in ("layers", "hidden", "heads", "kv_heads", "vocab", "head_dim"):
-            v = getattr(self, f)
-            require(isinstance(v, int) and v > 0, f"model {self.name!r}: {f} must be a positive integer, got {v!r}")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        require(self.head_dim > 0, f"model {self.name!r}: head_dim must be positive (hidden {self.hidden} < heads "
+                                   f"{self.heads}: give head_dim)")
         require(self.ffn > 0 or self.experts > 0, f"model {self.name!r}: ffn must be positive")
         require(self.heads % self.kv_heads == 0,
                 f"model {self.name!r}: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
@@ -120,6 +130,8 @@ class ModelSpec:
             raise PerfPredictError(f"unknown model field(s) {sorted(extra)}; accepted: {sorted(names)}")
         kw = {k: v for k, v in d.items() if k in names}
         kw.setdefault("name", name or "custom")
+        if "heads" in kw and "kv_heads" not in kw and not isinstance(kw["heads"], int):
+            kw["kv_heads"] = 1  # the heads check reports the bad value
         kw.setdefault("kv_heads", kw.get("heads", 0))
         missing = {"layers", "hidden", "heads", "vocab"} - set(kw)
         if missing:

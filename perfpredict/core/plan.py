@@ -6,10 +6,15 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from perfpredict.core.errors import PerfPredictError, require
+from perfpredict.core.frameworks import CAPABILITIES, RANKABLE
 
 RECOMPUTE = ("none", "selective", "full")
-FRAMEWORKS = ("megatron", "deepspeed", "fsdp", "nanotron")
+FRAMEWORKS = RANKABLE  # what the predictor models; the capability table (core.frameworks) lists more
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+# Fields added after datasets were collected: left out of to_dict() at their defaults so a plan's dict (and the
+# run_ids hashed from it) stays what it was.
+_NEW_FIELDS = {"ep": 1, "param_offload": False, "stage_layers": ()}
+MAX_DEGREE = 1 << 20  # no parallel degree, batch or accumulation count beyond this (a million GPUs)
 
 
 @dataclass(frozen=True)
@@ -27,17 +32,39 @@ class Plan:
     framework: str = "megatron"
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    ep: int = 1  # expert parallelism (MoE): expert groups carved out of dp
+    param_offload: bool = False  # ZeRO-3 offload_param (ZeRO-Infinity): parameters live in host memory
+    stage_layers: tuple[int, ...] = ()  # layers per pipeline stage, first to last; () = an even split
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp", "cp", "micro_batch", "grad_accum", "virtual_stages"):
+        for f in ("tp", "pp", "dp", "cp", "micro_batch", "grad_accum", "virtual_stages", "ep"):
             v = getattr(self, f)
-            require(isinstance(v, int) and not isinstance(v, bool) and v > 0,
-                    f"plan {f} must be a positive integer, got {v!r}")
-        require(self.zero in (0, 1, 2, 3), f"plan zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        require(self.recompute in RECOMPUTE, f"unknown recompute {self.recompute!r}; accepted: {', '.join(RECOMPUTE)}")
-        require(self.framework in FRAMEWORKS, f"unknown framework {self.framework!r}; accepted: {', '.join(FRAMEWORKS)}")
-        require(self.schedule in SCHEDULES, f"unknown schedule {self.schedule!r}; accepted: {', '.join(SCHEDULES)}")
-        require(not (self.sequence_parallel and self.tp == 1), "sequence_parallel needs tp > 1")
+            require(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DEGREE,
+                    f"plan {f} must be an integer in 1..{MAX_DEGREE}, got {v!r}")
+        require(isinstance(self.zero, int) and not isinstance(self.zero, bool) and self.zero in (0, 1, 2, 3),
+                f"plan zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        for f in ("sequence_parallel", "optimizer_offload", "param_offload"):
+            require(isinstance(getattr(self, f), bool), f"plan {f} must be true or false, got {getattr(self, f)!r}")
+        for f, accepted in (("recompute", RECOMPUTE), ("schedule", SCHEDULES)):
+            v = getattr(self, f)
+            require(isinstance(v, str) and v in accepted, f"unknown {f} {v!r}; accepted: {', '.join(accepted)}")
+        fw = self.framework
+        require(isinstance(fw, str) and fw in CAPABILITIES,
+                f"unknown framework {fw!r}; accepted: {', '.join(FRAMEWORKS)}")
+        require(fw in FRAMEWORKS, f"framework {fw!r} is in the capability table but not modelled: "
+                                  f"{CAPABILITIES[fw].unrankable_why}; accepted: {', '.join(FRAMEWORKS)}")
+        sl = self.stage_layers
+        require(isinstance(sl, (tuple, list)) and all(isinstance(n, int) and not isinstance(n, bool) and
+                                                       0 < n <= MAX_DEGREE for n in sl),
+                f"plan stage_layers must be a list of positive integers (layers per pipeline stage), got {sl!r}")
+        object.__setattr__(self, "stage_layers", tuple(sl))
+        require(not sl or len(sl) == self.pp,
+                f"plan stage_layers lists {len(sl)} stage(s) but pp is {self.pp}")
+        if sl and len(set(sl)) == 1:
+            object.__setattr__(self, "stage_layers", ())  # an even split, said explicitly
+        # Megatron turns sequence parallelism off when tp is 1 (it has nothing to split over); so do we.
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
         require(self.schedule == "interleaved" or self.virtual_stages == 1,
                 "virtual_stages > 1 needs the interleaved schedule")
 
@@ -49,19 +76,29 @@ class Plan:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
         if self.sequence_parallel:
             parts.append("sp")
         parts += [f"z{self.zero}", f"mb{self.micro_batch}", f"ga{self.grad_accum}"]
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         if self.optimizer_offload:
-            parts.append("offload")
+            parts.append("offload" + ("+params" if self.param_offload else ""))
         if self.pp > 1:
             parts.append(self.schedule + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
+        if self.stage_layers:
+            parts.append("stages[" + ",".join(map(str, self.stage_layers)) + "]")
         return f"{self.framework}:" + " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for k, default in _NEW_FIELDS.items():
+            if d[k] == default:
+                del d[k]
+        if "stage_layers" in d:
+            d["stage_layers"] = list(d["stage_layers"])
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
@@ -72,3 +109,12 @@ class Plan:
         if extra:
             raise PerfPredictError(f"unknown plan field(s) {sorted(extra)}; accepted: {sorted(names)}")
         return cls(**d)
+
+
+def stage_layers_text(stages: tuple[int, ...]) -> str:
+    """The flat-row form of stage_layers: "" for an even split, else "3,4,4,3"."""
+    return ",".join(map(str, stages))
+
+
+def parse_stage_layers(text: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",")) if text else ()

@@ -14,7 +14,7 @@ from perfpredict.core.catalog import get_model
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
-from perfpredict.core.plan import Plan
+from perfpredict.core.plan import Plan, parse_stage_layers, stage_layers_text
 from perfpredict.core.workload import Workload
 
 
@@ -32,8 +32,28 @@ class Scenario:
         if m.heads % p.tp or m.kv_heads % p.tp:
             raise PerfPredictError(f"tp ({p.tp}) must divide heads ({m.heads}) and kv_heads ({m.kv_heads}); "
                                    f"accepted tp: {[t for t in range(1, m.kv_heads + 1) if m.kv_heads % t == 0]}")
-        if m.layers % (p.pp * p.virtual_stages):
-            raise PerfPredictError(f"pp x virtual_stages ({p.pp * p.virtual_stages}) must divide layers ({m.layers})")
+        if p.stage_layers:
+            if sum(p.stage_layers) != m.layers:
+                raise PerfPredictError(f"stage_layers {list(p.stage_layers)} sum to {sum(p.stage_layers)} but the "
+                                       f"model has {m.layers} layers")
+            if any(n % p.virtual_stages for n in p.stage_layers):
+                raise PerfPredictError(f"every stage's layers must be divisible by virtual_stages ({p.virtual_stages}),"
+                                       f" got stage_layers {list(p.stage_layers)}")
+        elif m.layers % (p.pp * p.virtual_stages):
+            hint = ("" if p.pp > m.layers else
+                    "; for an uneven split give plan stage_layers (layers per stage, first to last)")
+            raise PerfPredictError(f"pp x virtual_stages ({p.pp * p.virtual_stages}) must divide layers ({m.layers})"
+                                   + hint)
+        if p.cp > 1 and w.seq_len % (2 * p.cp):
+            raise PerfPredictError(f"cp ({p.cp}) needs seq_len ({w.seq_len}) divisible by 2 x cp (load-balanced "
+                                   "context parallelism splits each sequence into 2 x cp chunks)")
+        if p.sequence_parallel and w.seq_len % p.tp:
+            raise PerfPredictError(f"sequence parallel needs seq_len ({w.seq_len}) divisible by tp ({p.tp})")
+        if p.ep > 1:
+            if not m.is_moe:
+                raise PerfPredictError(f"ep={p.ep} needs a mixture-of-experts model ({m.name} is dense); use ep 1")
+            if m.experts % p.ep or p.dp % p.ep:
+                raise PerfPredictError(f"ep ({p.ep}) must divide the experts ({m.experts}) and dp ({p.dp})")
         if p.micro_batch * p.grad_accum * p.dp != w.global_batch:
             raise PerfPredictError(f"micro_batch ({p.micro_batch}) x grad_accum ({p.grad_accum}) x dp ({p.dp}) must "
                                    f"equal global_batch ({w.global_batch})")
@@ -44,45 +64,154 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scenario:
+        """A user's scenario: every section type-checked, dp and grad_accum filled in when they are the only
+        values that fit, an uneven pipeline split filled in as the plan's framework makes it, and the plan checked
+        against the framework's capabilities (core.frameworks)."""
+        from perfpredict.core.frameworks import CAPABILITIES, EVEN, FIRST_LAST, stage_layers, why_not
+
         if not isinstance(d, dict):
-            raise PerfPredictError("a scenario must be a JSON object with model, hardware, workload, plan")
+            raise PerfPredictError(f"a scenario must be a JSON object with model, hardware, workload, plan; got "
+                                   f"{_kind(d)}")
         extra = set(d) - {"model", "hardware", "workload", "plan"}
         if extra:
-            raise PerfPredictError(f"unknown scenario key(s) {sorted(extra)}; accepted: model, hardware, workload, plan")
+            raise PerfPredictError(f"unknown scenario key(s) {sorted(map(str, extra))}; accepted: model, hardware, "
+                                   "workload, plan")
         for k in ("model", "hardware"):
             if k not in d:
                 raise PerfPredictError(f"scenario is missing {k!r}")
+        for k in ("workload", "plan"):
+            if k in d and not isinstance(d[k], dict):
+                raise PerfPredictError(f"scenario {k} must be an object, got {_kind(d[k])}")
         m = d["model"]
         model = get_model(m) if isinstance(m, str) else ModelSpec.from_dict(m)
         cluster = Cluster.from_dict(d["hardware"])
         workload = Workload.from_dict(d.get("workload", {}))
         plan_d = dict(d.get("plan", {}))
-        if "dp" not in plan_d:
+        ints = all(isinstance(plan_d.get(k, 1), int) and not isinstance(plan_d.get(k, 1), bool) and plan_d.get(k, 1) > 0
+                   for k in ("tp", "pp", "cp", "dp", "micro_batch"))
+        if ints and "dp" not in plan_d:
             tp, pp, cp = plan_d.get("tp", 1), plan_d.get("pp", 1), plan_d.get("cp", 1)
-            if isinstance(tp, int) and isinstance(pp, int) and isinstance(cp, int) and cluster.gpus % (tp * pp * cp) == 0:
+            if cluster.gpus % (tp * pp * cp) == 0:
                 plan_d["dp"] = cluster.gpus // (tp * pp * cp)
-        if "grad_accum" not in plan_d:
+        if ints and "grad_accum" not in plan_d:
             dp, mb = plan_d.get("dp", 1), plan_d.get("micro_batch", 1)
-            if isinstance(dp, int) and isinstance(mb, int) and dp > 0 and mb > 0 and workload.global_batch % (dp * mb) == 0:
+            if workload.global_batch % (dp * mb) == 0:
                 plan_d["grad_accum"] = workload.global_batch // (dp * mb)
-        return cls(model=model, cluster=cluster, workload=workload, plan=Plan.from_dict(plan_d))
+        plan = Plan.from_dict(plan_d)
+        if plan.pp > 1 and not plan.stage_layers and model.layers % plan.pp and plan.pp <= model.layers:
+            cap = CAPABILITIES[plan.framework]
+            if cap.stage_split not in (EVEN, FIRST_LAST):
+                # What the framework itself does with these layers (nanotron balances its pipeline blocks).
+                split = stage_layers(cap, model.layers, plan.pp)
+                if split:
+                    plan = Plan.from_dict({**plan_d, "stage_layers": list(split)})
+        scenario = cls(model=model, cluster=cluster, workload=workload, plan=plan)
+        reason = why_not(plan, model)
+        if reason:
+            raise PerfPredictError(f"{plan.framework} cannot run this plan: {reason}")
+        return scenario
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def to_flat(self) -> dict[str, Any]:
-        return flat_row(self.model, self.cluster, self.workload, self.plan)
+        """Every column, the newer plan columns included (what the predictor reads)."""
+        return {**model_columns(self.model), **cluster_columns(self.cluster), **workload_columns(self.workload),
+                **plan_columns(self.plan)}
+
+
+def _kind(v: Any) -> str:
+    """A short description of a wrong value for an error message (never the whole of a huge value)."""
+    text = json.dumps(v) if isinstance(v, (bool, int, float, str, type(None))) else type(v).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class ScenarioItem:
+    """One entry of a scenario file: where it is (JSON Lines: its line; a JSON list: its index), and either its
+    Scenario or why it is not one."""
+
+    where: str  # "line" (JSON Lines, or the line a single object starts on) | "index" (0-based, a JSON list)
+    at: int
+    scenario: Scenario | None = None
+    error: str | None = None
+
+    def location(self) -> dict[str, int]:
+        return {self.where: self.at}
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise PerfPredictError(f"cannot read scenario file {str(path)!r}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise PerfPredictError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); scenario "
+                               "files are JSON") from None
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
+
+
+def _item(where: str, at: int, raw: Any) -> ScenarioItem:
+    try:
+        return ScenarioItem(where, at, scenario=Scenario.from_dict(raw))
+    except PerfPredictError as e:
+        return ScenarioItem(where, at, error=str(e))
+    except RecursionError:
+        return ScenarioItem(where, at, error="scenario nested too deeply")
+
+
+def read_scenarios(path: Path | str) -> list[ScenarioItem]:
+    """Every scenario of a file, in order: one JSON object, a JSON list, or JSON Lines. A bad entry (not JSON, not
+    a valid scenario) is an item with its error, so callers can answer every good one; a file that cannot be read,
+    is not UTF-8 or holds no scenario at all raises PerfPredictError."""
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        obj = _loads(text)
+    except json.JSONDecodeError:
+        obj = _NOT_JSON
+    if obj is not _NOT_JSON:
+        if isinstance(obj, list):
+            if not obj:
+                raise PerfPredictError(f"{path} holds an empty list: no scenario to read")
+            return [_item("index", i, x) for i, x in enumerate(obj)]
+        first = next((i for i, line in enumerate(text.splitlines(), 1) if line.strip()), 1)
+        return [_item("line", first, obj)]
+    items = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = _loads(line)
+        except json.JSONDecodeError as e:
+            items.append(ScenarioItem("line", i, error=f"not valid JSON ({e.msg}); expected one scenario object per "
+                                                         "line"))
+            continue
+        items.append(_item("line", i, raw))
+    if not items:
+        raise PerfPredictError(f"{path} holds no scenario")
+    return items
+
+
+_NOT_JSON = object()
 
 
 def load_scenarios(path: Path | str) -> list[dict[str, Any]]:
-    """One JSON object, a JSON list, or JSON Lines: returns the raw dicts, in order."""
+    """One JSON object, a JSON list, or JSON Lines: returns the raw dicts, in order (the first bad line raises)."""
     path = Path(path)
+    text = _read_text(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise PerfPredictError(f"cannot read scenario file {str(path)!r}: {e.strerror}") from None
-    try:
-        obj = json.loads(text)
+        obj = _loads(text)
+        if isinstance(obj, list) and not obj:
+            raise PerfPredictError(f"{path} holds an empty list: no scenario to read")
         return obj if isinstance(obj, list) else [obj]
     except json.JSONDecodeError:
         pass
@@ -90,7 +219,7 @@ def load_scenarios(path: Path | str) -> list[dict[str, Any]]:
     for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                out.append(json.loads(line))
+                out.append(_loads(line))
             except json.JSONDecodeError as e:
                 raise PerfPredictError(f"{path}: line {i} is not valid JSON ({e.msg}); expected one scenario "
                                        "object, a list, or JSON Lines") from None
@@ -128,17 +257,29 @@ def workload_columns(w: Workload) -> dict[str, Any]:
 PLAN_COLUMNS = {"tp": "p_tp", "pp": "p_pp", "dp": "p_dp", "cp": "p_cp", "sequence_parallel": "p_sp", "zero": "p_zero",
                 "recompute": "p_recompute", "micro_batch": "p_micro_batch", "grad_accum": "p_grad_accum",
                 "optimizer_offload": "p_offload", "framework": "p_framework", "schedule": "p_schedule",
-                "virtual_stages": "p_vstages"}
+                "virtual_stages": "p_vstages", "ep": "p_ep", "param_offload": "p_param_offload",
+                "stage_layers": "p_stage_layers"}
+# Plan columns added after the datasets were written (expert parallelism, parameter offload, uneven stages). Dataset
+# rows (flat_row) carry them only when a plan uses them, so committed datasets keep their schema; the features stage
+# fills these defaults where a frame lacks them (features.memory.plan_defaults).
+PLAN_COLUMN_DEFAULTS = {"p_ep": 1, "p_param_offload": False, "p_stage_layers": ""}
 
 
-def plan_columns(p: Plan) -> dict[str, Any]:
-    return {col: getattr(p, f) for f, col in PLAN_COLUMNS.items()}
+def plan_columns(p: Plan, *, all_columns: bool = True) -> dict[str, Any]:
+    out = {col: getattr(p, f) for f, col in PLAN_COLUMNS.items()}
+    out["p_stage_layers"] = stage_layers_text(p.stage_layers)
+    if not all_columns:
+        out = {k: v for k, v in out.items() if k not in PLAN_COLUMN_DEFAULTS or v != PLAN_COLUMN_DEFAULTS[k]}
+    return out
 
 
 def plan_from_columns(row: dict[str, Any]) -> Plan:
     """The Plan of a flat row (a ranking row, a dataset row)."""
-    return Plan(**{f: row[col] for f, col in PLAN_COLUMNS.items()})
+    kw = {f: row.get(col, PLAN_COLUMN_DEFAULTS.get(col)) for f, col in PLAN_COLUMNS.items()}
+    kw["stage_layers"] = parse_stage_layers(kw["stage_layers"])
+    return Plan(**kw)
 
 
 def flat_row(m: ModelSpec, c: Cluster, w: Workload, p: Plan) -> dict[str, Any]:
-    return {**model_columns(m), **cluster_columns(c), **workload_columns(w), **plan_columns(p)}
+    """A dataset row's scenario columns (the newer plan columns only where the plan uses them)."""
+    return {**model_columns(m), **cluster_columns(c), **workload_columns(w), **plan_columns(p, all_columns=False)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from perfpredict.core.errors import PerfPredictError, require
+from perfpredict.core.errors import PerfPredictError, check_bool, check_choice, check_int, check_number, require
 
 OBJECTIVES = ("pretrain", "sft", "dpo", "ipo", "simpo", "orpo")
 # DPO and IPO compare the policy with a frozen reference; SimPO and ORPO are reference-free by design.
@@ -14,6 +14,9 @@ PREFERENCE = frozenset({"dpo", "ipo", "simpo", "orpo"})
 REFERENCE_MODES = ("live", "precomputed", "offloaded", "none")
 PRECISIONS = ("bf16", "fp16", "fp32")
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+MAX_SEQ_LEN = 1 << 24  # 16M tokens: beyond any context window trained today
+MAX_BATCH = 1 << 24
+MAX_DATASET = 10**13
 
 
 def sequences_per_sample(objective: str) -> int:
@@ -33,16 +36,16 @@ class Workload:
     reference: str = ""  # "" = the objective's default: live if it needs one, else none
 
     def __post_init__(self) -> None:
-        require(self.objective in OBJECTIVES, f"unknown objective {self.objective!r}; accepted: {', '.join(OBJECTIVES)}")
-        require(isinstance(self.seq_len, int) and self.seq_len > 0, f"seq_len must be a positive integer, got {self.seq_len!r}")
-        require(isinstance(self.global_batch, int) and self.global_batch > 0,
-                f"global_batch must be a positive integer, got {self.global_batch!r}")
-        require(isinstance(self.dataset_size, int) and self.dataset_size >= 0,
-                f"dataset_size must be an integer >= 0, got {self.dataset_size!r}")
-        require(self.epochs > 0, f"epochs must be positive, got {self.epochs!r}")
-        require(self.precision in PRECISIONS, f"unknown precision {self.precision!r}; accepted: {', '.join(PRECISIONS)}")
+        check_choice("objective", self.objective, OBJECTIVES)
+        check_int("seq_len", self.seq_len, 1, MAX_SEQ_LEN)
+        check_int("global_batch", self.global_batch, 1, MAX_BATCH)
+        check_int("dataset_size", self.dataset_size, 0, MAX_DATASET)
+        check_number("epochs", self.epochs, 0.0, 1e4, lo_open=True)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_bool("master_weights_fp32", self.master_weights_fp32)
+        require(isinstance(self.reference, str), f"reference must be a string, got {self.reference!r}")
         ref = self.reference or ("live" if self.needs_reference else "none")
-        require(ref in REFERENCE_MODES, f"unknown reference mode {ref!r}; accepted: {', '.join(REFERENCE_MODES)}")
+        check_choice("reference mode", ref, REFERENCE_MODES)
         if self.needs_reference:
             require(ref != "none", f"objective {self.objective} needs a reference model: use live, precomputed or offloaded")
         else:

@@ -17,6 +17,11 @@ def forward_passes() -> pl.Expr:
             + c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64))
 
 
+def sp_div_ep() -> pl.Expr:
+    """Sequence parallelism leaves each TP rank 1/tp of the tokens to dispatch; without it every TP rank holds all."""
+    return pl.when(c("p_sp")).then(c("p_tp").cast(pl.Float64)).otherwise(1.0)
+
+
 def flops(df: pl.DataFrame) -> pl.DataFrame:
     """FLOPs per step: policy forward+backward on every sequence (both of a pair), recompute's extra forward,
     the live/offloaded reference forward. The 6N rule (2N forward, 4N backward) for the matmuls plus causal
@@ -50,7 +55,7 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
     sbh = s * b * c("m_hidden") * act_b
     m = c("p_grad_accum").cast(pl.Float64)
-    layers = c("m_layers").cast(pl.Float64) / c("p_pp")
+    layers = c("d_layers_max")  # the fullest pipeline stage sets the pace
     t = c("p_tp").cast(pl.Float64)
     d = (c("p_dp") * c("p_cp")).cast(pl.Float64)  # gradients reduce over dp x cp (same weights)
     ring_ar_t = 2.0 * (t - 1.0) / t
@@ -80,6 +85,17 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # 1e9 parameters per process; a coarse descriptor the learned correction may refine.
     cpu_adam = pl.when(c("p_offload")).then(params / pl.when(c("p_zero") >= 1).then(d).otherwise(1.0) * 1e-9).otherwise(0.0)
     ref_swap = pl.when(c("w_reference") == "offloaded").then(params * 2.0).otherwise(0.0)
+    # ZeRO-Infinity parameter offload: each micro-batch fetches this rank's parameter shard from the host for the
+    # forward and again for the backward (and the live reference's forward).
+    shard = params / pl.when(c("p_zero") >= 3).then(d).otherwise(1.0)
+    param_fetch = pl.when(c("p_param_offload")).then(
+        shard * 2.0 * m * (2.0 + c("w_reference").is_in(["live"]).cast(pl.Float64))).otherwise(0.0)
+    # Expert parallelism: every MoE layer dispatches its tokens' top-k copies to the experts' ranks and combines
+    # them back (an all-to-all each way), in every forward pass and again in the backward.
+    ep = c("p_ep").cast(pl.Float64)
+    ep_bytes = pl.when(ep > 1).then(
+        m * layers * (2.0 * forward_passes() + 2.0) * sbh * c("m_experts_per_token") / sp_div_ep() * (ep - 1.0) / ep
+    ).otherwise(0.0)
     n_colls = (m * layers * tp_colls * pl.when(c("p_tp") > 1).then(1.0).otherwise(0.0)
                + pl.when(d > 1).then(syncs * 20.0 + pl.when(c("p_zero") >= 3).then(m * 2.0 * layers).otherwise(0.0)).otherwise(0.0)
                + pl.when(c("p_pp") > 1).then(2.0 * m * c("p_vstages")).otherwise(0.0))
@@ -87,7 +103,7 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # kernel composition uses the same ones.
     return df.with_columns(d_grad_bytes_per_param=grad_b, d_dp_syncs=syncs, d_tp_colls_per_layer=tp_colls,
                            d_tp_bytes=tp_bytes, d_dp_bytes=dp_bytes, d_pp_bytes=pp_bytes, d_cp_bytes=cp_bytes,
-                           d_host_bytes=offload + ref_swap, d_cpu_optim_s=cpu_adam, d_collectives=n_colls)
+                           d_ep_bytes=ep_bytes, d_host_bytes=offload + ref_swap + param_fetch, d_cpu_optim_s=cpu_adam, d_collectives=n_colls)
 
 
 def placement(df: pl.DataFrame) -> pl.DataFrame:
@@ -115,18 +131,21 @@ def analytic_time(df: pl.DataFrame) -> pl.DataFrame:
     bubble = pl.when(c("p_pp") > 1).then((pp - 1.0) / (m + pp - 1.0)).otherwise(0.0)
     pcie = pl.when(c("g_name") == "cpu").then(10.0).otherwise(32.0) * 1e9
     return df.with_columns(
-        d_compute_s=c("d_flops_per_gpu") / peak,
+        # The fullest pipeline stage sets the pace: an uneven split runs at its largest stage's share.
+        d_compute_s=c("d_flops_per_gpu") / peak * c("d_layers_max") * c("p_pp") / c("m_layers"),
         d_tp_comm_s=c("d_tp_bytes") / bw["tp"],
         d_dp_comm_s=c("d_dp_bytes") / bw["dp"],
         d_pp_comm_s=c("d_pp_bytes") / bw["pp"],
         d_cp_comm_s=c("d_cp_bytes") / intra,
+        d_ep_comm_s=c("d_ep_bytes") / intra,
         d_host_s=c("d_host_bytes") / pcie + c("d_cpu_optim_s"),
         d_latency_total_s=c("d_collectives") * c("d_latency_s"),
         d_bubble_frac=bubble,
         d_optim_s=c("d_params_rank") * 16.0 * 3.0 / pl.when(c("p_zero") >= 1).then(c("p_dp") * c("p_cp")).otherwise(1)
         / (c("g_hbm_tb_per_s") * 1e12),
     ).with_columns(
-        d_analytic_step_s=(c("d_compute_s") + c("d_tp_comm_s") + c("d_pp_comm_s") + c("d_cp_comm_s"))
+        d_analytic_step_s=(c("d_compute_s") + c("d_tp_comm_s") + c("d_pp_comm_s") + c("d_cp_comm_s")
+                           + c("d_ep_comm_s"))
         / (1.0 - c("d_bubble_frac")) + c("d_dp_comm_s") + c("d_host_s") + c("d_latency_total_s") + c("d_optim_s"),
     ).with_columns(
         d_comm_frac=(c("d_tp_comm_s") + c("d_dp_comm_s") + c("d_pp_comm_s") + c("d_cp_comm_s"))

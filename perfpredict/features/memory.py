@@ -15,19 +15,56 @@ def _tp():
     return c("p_tp").cast(pl.Float64)
 
 
+def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
+    """Plan columns newer than some datasets (expert parallelism, parameter offload, uneven stages): added with the
+    value those rows ran with where a frame lacks them or holds nulls."""
+    from perfpredict.core.scenario import PLAN_COLUMN_DEFAULTS
+
+    dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8}
+    return df.with_columns([
+        (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
+        for k, v in PLAN_COLUMN_DEFAULTS.items()])
+
+
+def stage_layout(df: pl.DataFrame) -> pl.DataFrame:
+    """Layers on the first, the last and the fullest pipeline stage, and how many micro-batches the fullest
+    middle stage keeps in flight. Even splits: layers/pp everywhere; uneven ones (p_stage_layers) as the
+    framework places them: the embedding on the first stage, the head and loss on the last."""
+    even = c("m_layers").cast(pl.Float64) / c("p_pp")
+    parts = c("p_stage_layers").str.split(",").list.eval(pl.element().cast(pl.Int64, strict=False))
+    uneven = c("p_stage_layers") != ""
+    return df.with_columns(
+        d_layers_first=pl.when(uneven).then(parts.list.first().cast(pl.Float64)).otherwise(even),
+        d_layers_last=pl.when(uneven).then(parts.list.last().cast(pl.Float64)).otherwise(even),
+        d_layers_max=pl.when(uneven).then(parts.list.max().cast(pl.Float64)).otherwise(even),
+    )
+
+
+def expert_parallel(df: pl.DataFrame) -> pl.DataFrame:
+    """Expert weights per layer and how many of them one rank holds: expert parallelism shards the experts over
+    ep ranks (each holds experts/ep whole experts), carved out of data parallelism."""
+    mats = pl.when(c("m_gated")).then(3.0).otherwise(2.0)
+    expert = pl.when(c("m_experts") > 0).then(
+        c("m_experts").cast(pl.Float64) * mats * c("m_hidden") * c("m_expert_ffn")).otherwise(0.0)
+    return df.with_columns(d_expert_params_layer=expert,
+                           d_expert_params_layer_rank=expert / c("p_ep").cast(pl.Float64) / _tp())
+
+
 def param_shard(df: pl.DataFrame) -> pl.DataFrame:
     """Parameters held by the first and the last pipeline stage of one TP rank (before ZeRO sharding).
 
     Megatron shards the embedding and the head over TP (vocab-parallel); with tied embeddings and pp>1 both the
     first and the last stage hold a copy."""
-    layers_per_stage = c("m_layers") / c("p_pp")
     emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") / _tp()
-    body = layers_per_stage * c("m_layer_params") / _tp()
-    single = body + emb * pl.when(c("m_tied")).then(1.0).otherwise(2.0) + c("m_hidden")
+    # Expert parallelism: a rank holds experts/ep of each layer's experts.
+    layer = c("m_layer_params") / _tp() - c("d_expert_params_layer") / _tp() + c("d_expert_params_layer_rank")
+    body_first, body_last, body_mid = (c(k) * layer for k in ("d_layers_first", "d_layers_last", "d_layers_max"))
+    single = body_first + emb * pl.when(c("m_tied")).then(1.0).otherwise(2.0) + c("m_hidden")
     return df.with_columns(
-        d_params_first=pl.when(c("p_pp") == 1).then(single).otherwise(body + emb),
-        d_params_last=pl.when(c("p_pp") == 1).then(single).otherwise(body + emb + c("m_hidden")),
-    ).with_columns(d_params_rank=pl.max_horizontal("d_params_first", "d_params_last"))
+        d_params_first=pl.when(c("p_pp") == 1).then(single).otherwise(body_first + emb),
+        d_params_last=pl.when(c("p_pp") == 1).then(single).otherwise(body_last + emb + c("m_hidden")),
+        d_params_mid=body_mid,
+    ).with_columns(d_params_rank=pl.max_horizontal("d_params_first", "d_params_last", "d_params_mid"))
 
 
 def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
@@ -55,7 +92,19 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     g_sh = pl.when(z >= 2).then(g / d).otherwise(g)
     o_sh = pl.when(z >= 1).then(o / d).otherwise(o)
     o_gpu = pl.when(c("p_offload")).then(0.0).otherwise(o_sh)
-    return df.with_columns(d_weight_bpp=w_sh, d_grad_bpp=g_sh, d_optim_bpp=o_gpu,
+    # ZeRO-3 offload_param (ZeRO-Infinity): parameters and their gradient partitions live in host memory; the GPU
+    # holds only what is gathered for the layer at work (d_gathered_bytes).
+    poff = c("p_param_offload")
+    w_gpu = pl.when(poff).then(0.0).otherwise(w_sh)
+    g_gpu = pl.when(poff).then(0.0).otherwise(g_sh)
+    # Expert weights shard over the expert-data-parallel group, d/ep ranks, not d: a rank's ZeRO shard of its
+    # experts is as large as without expert parallelism.
+    de = pl.max_horizontal(d / c("p_ep").cast(pl.Float64), pl.lit(1.0))
+    we = pl.when(poff).then(0.0).when(z >= 3).then(w / de).otherwise(w)
+    ge = pl.when(poff).then(0.0).when(z >= 2).then(g / de).otherwise(g)
+    oe = pl.when(c("p_offload")).then(0.0).when(z >= 1).then(o / de).otherwise(o)
+    return df.with_columns(d_weight_bpp=w_gpu, d_grad_bpp=g_gpu, d_optim_bpp=o_gpu,
+                           d_expert_state_bpp_extra=(we + ge + oe) - (w_gpu + g_gpu + o_gpu),
                            d_state_bpp_unsharded=w + g + o)
 
 
@@ -98,7 +147,6 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     full_layer = sbh * (repl + c("d_act_shard_coef") / t)
     layer_input = pl.when(c("p_sp")).then(2.0 * sbh / t).otherwise(2.0 * sbh)
     per_layer = pl.when(c("p_recompute") == "full").then(layer_input).otherwise(full_layer)
-    layers_per_stage = c("m_layers").cast(pl.Float64) / c("p_pp")
     pp = c("p_pp").cast(pl.Float64)
     m = c("p_grad_accum").cast(pl.Float64)
     inflight = (pl.when(c("p_pp") == 1).then(1.0)
@@ -114,11 +162,17 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     hf = c("p_framework").is_in(["deepspeed", "fsdp"])
     logit_bpe = pl.when(hf).then(10.0).otherwise(6.0)
     logits = s * b * v / t * logit_bpe
+    # The second stage keeps one micro-batch fewer in flight under 1F1B; with an uneven split it may hold the most
+    # layers (a middle stage), so it can be the peak rank.
+    inflight_mid = (pl.when(c("p_pp") <= 2).then(0.0)
+                    .when(c("p_schedule") == "gpipe").then(m)
+                    .otherwise(pl.min_horizontal(pp - 1.0, m)))
     return df.with_columns(
         d_act_per_layer=per_layer,
         d_inflight_microbatches=inflight,
-        d_act_first=per_layer * layers_per_stage * inflight + recompute_transient,
-        d_act_last=per_layer * layers_per_stage + recompute_transient,
+        d_act_first=per_layer * c("d_layers_first") * inflight + recompute_transient,
+        d_act_last=per_layer * c("d_layers_last") + recompute_transient,
+        d_act_mid=per_layer * c("d_layers_max") * inflight_mid + recompute_transient,
         d_logits_bytes=logits,
     )
 
@@ -174,26 +228,51 @@ def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
+    """The peak rank's bytes: the worst of the first stage (most micro-batches in flight, the embedding), the
+    fullest middle stage (uneven splits) and the last (head, logits, the reference's transient). d_peak_*_gib are
+    that rank's parts and add up to d_mem_gib; d_states_gib etc. stay the per-part maxima over stages (features)."""
     gib = float(1 << 30)
-    states_first = c("d_params_first") * (c("d_weight_bpp") + c("d_grad_bpp") + c("d_optim_bpp"))
-    states_last = c("d_params_last") * (c("d_weight_bpp") + c("d_grad_bpp") + c("d_optim_bpp"))
-    common = c("d_ref_weight_bytes") + c("d_gathered_bytes") + c("d_ddp_bucket_bytes")
-    first = states_first + common + c("d_act_first")
-    last = states_last + common + c("d_act_last") + c("d_logits_bytes") + c("d_ref_transient_bytes")
-    single = pl.when(c("p_pp") == 1).then(
-        states_first + common + c("d_act_first") + c("d_logits_bytes") + c("d_ref_transient_bytes"))
-    peak = single.otherwise(pl.max_horizontal(first, last))
-    return df.with_columns(
-        d_states_gib=pl.max_horizontal(states_first, states_last) / gib,
+    bpp = c("d_weight_bpp") + c("d_grad_bpp") + c("d_optim_bpp")
+    experts = c("d_expert_params_layer_rank") * c("d_expert_state_bpp_extra")
+    states = {k: c(f"d_params_{k}") * bpp + c(f"d_layers_{'max' if k == 'mid' else k}") * experts
+              for k in ("first", "mid", "last")}
+    single = c("p_pp") == 1
+    parts = {  # stage: (states, activations, logits, reference, other)
+        "first": (states["first"], c("d_act_first"),
+                  pl.when(single).then(c("d_logits_bytes")).otherwise(0.0),
+                  c("d_ref_weight_bytes") + pl.when(single).then(c("d_ref_transient_bytes")).otherwise(0.0),
+                  c("d_gathered_bytes") + c("d_ddp_bucket_bytes")),
+        "mid": (states["mid"], c("d_act_mid"), pl.lit(0.0), c("d_ref_weight_bytes"), c("d_gathered_bytes") + c("d_ddp_bucket_bytes")),
+        "last": (states["last"], c("d_act_last"), c("d_logits_bytes"),
+                 c("d_ref_weight_bytes") + c("d_ref_transient_bytes"), c("d_gathered_bytes") + c("d_ddp_bucket_bytes")),
+    }
+    totals = {k: pl.sum_horizontal(*v) for k, v in parts.items()}
+    mid_counts = (c("p_pp") > 2).cast(pl.Float64)  # a middle stage exists
+    df = df.with_columns(
+        _first=totals["first"], _mid=totals["mid"] * mid_counts, _last=pl.when(single).then(0.0).otherwise(totals["last"]))
+    # Ties go to the first stage, then the last (same order as before uneven splits existed).
+    at = (pl.when((c("_first") >= c("_last")) & (c("_first") >= c("_mid"))).then(pl.lit("first"))
+          .when(c("_last") >= c("_mid")).then(pl.lit("last")).otherwise(pl.lit("mid")))
+    df = df.with_columns(d_peak_stage=at)
+
+    def pick(i: int) -> pl.Expr:
+        return (pl.when(c("d_peak_stage") == "first").then(parts["first"][i])
+                .when(c("d_peak_stage") == "last").then(parts["last"][i]).otherwise(parts["mid"][i]))
+
+    names = ("states", "act", "logits", "ref", "other")
+    df = df.with_columns(**{f"d_peak_{n}_gib": pick(i) / gib for i, n in enumerate(names)})
+    peak = pl.sum_horizontal(*[c(f"d_peak_{n}_gib") for n in names])
+    return df.drop("_first", "_mid", "_last").with_columns(
+        d_states_gib=pl.max_horizontal(states["first"], states["last"]) / gib,
         d_act_gib=pl.max_horizontal(c("d_act_first"), c("d_act_last")) / gib,
         d_logits_gib=c("d_logits_bytes") / gib,
         d_ref_gib=(c("d_ref_weight_bytes") + c("d_ref_transient_bytes")) / gib,
-        d_mem_gib=peak / gib,
+        d_mem_gib=peak,
     ).with_columns(d_mem_frac=c("d_mem_gib") / c("g_memory_gib"))
 
 
 def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:
-    for f in (param_shard, state_bytes_per_param, activation_coefficients, activations, reference_model,
-              fsdp_gathered, ddp_buckets, peak_memory):
+    for f in (plan_defaults, stage_layout, expert_parallel, param_shard, state_bytes_per_param,
+              activation_coefficients, activations, reference_model, fsdp_gathered, ddp_buckets, peak_memory):
         df = f(df)
     return df

@@ -1,11 +1,9 @@
 """The legal plan space: small generators that yield only legal plans and count what they reject, and why.
 
-Rules follow what each framework really supports:
-- megatron: TP (+SP), PP (1F1B or interleaved), CP, distributed optimizer = ZeRO-1. No GPipe schedule.
-- nanotron: TP (+SP), PP (1F1B, or all-forward-all-backward = GPipe), ZeRO-1. No CP.
-- deepspeed (as TRL/accelerate drive it): ZeRO 0-3 with optional CPU optimizer offload; no tensor parallelism;
-  its pipeline engine only with ZeRO <= 1.
-- fsdp (FSDP2): FULL_SHARD (3) or SHARD_GRAD_OP (2), optionally 2-D with TP; no pipeline, no CP here.
+What each framework can run comes from the one capability table, perfpredict.core.frameworks (TP/SP, PP schedules
+and how layers split over stages, CP, EP, ZeRO stages, offload and on which GPU counts, recompute); emit and collect
+read the same table, so every plan yielded here can be emitted for its framework. Beyond legality the generator
+skips only redundant plans (ZeRO over one replica without offload), counted with the reason too.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from perfpredict.core.errors import require
+from perfpredict.core.frameworks import Capability, capability, stage_layers
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan
@@ -68,7 +67,7 @@ class Rejections:
 
 def _layouts(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace,
              rej: Rejections) -> Iterator[tuple[int, int, int, int]]:
-    """(tp, pp, cp, dp) that tile the cluster."""
+    """(tp, pp, cp, dp) that tile the cluster and fit the model's shape (framework rules come later)."""
     n = cluster.gpus
     for tp in divisors(n):
         if model.heads % tp or model.kv_heads % tp:
@@ -78,8 +77,8 @@ def _layouts(model: ModelSpec, cluster: Cluster, workload: Workload, space: Plan
             rej.add("tp spans nodes")
             continue
         for pp in divisors(n // tp):
-            if model.layers % pp:
-                rej.add("pp does not divide layers")
+            if pp > model.layers:
+                rej.add("pp exceeds the layer count")
                 continue
             for cp in divisors(n // (tp * pp)):
                 if cp > space.max_cp:
@@ -95,73 +94,109 @@ def _layouts(model: ModelSpec, cluster: Cluster, workload: Workload, space: Plan
                 yield tp, pp, cp, dp
 
 
-def _framework_ok(fw: str, tp: int, pp: int, cp: int, dp: int, rej: Rejections) -> bool:
+def _framework_ok(cap: Capability, tp: int, pp: int, cp: int, dp: int, rej: Rejections) -> bool:
+    """Layout-level rules of the capability table."""
     reason = None
-    if fw == "deepspeed" and tp > 1:
-        reason = "deepspeed has no tensor parallelism"
-    elif fw in ("deepspeed", "fsdp", "nanotron") and cp > 1:
-        reason = f"{fw} has no context parallelism here"
-    elif fw == "fsdp" and pp > 1:
-        reason = "fsdp has no pipeline parallelism"
-    elif fw == "fsdp" and dp == 1:
-        reason = "fsdp over dp=1 shards nothing"
+    if tp > 1 and not cap.tp:
+        reason = f"{cap.name} has no tensor parallelism"
+    elif pp > 1 and not cap.pp:
+        reason = f"{cap.name} has no pipeline parallelism"
+    elif cp > 1 and not cap.cp:
+        reason = f"{cap.name} has no context parallelism"
+    elif pp > 1 and cap.pp_alone and (tp > 1 or dp > 1):
+        reason = f"{cap.name} builds pipeline parallelism alone (tp = dp = 1)"
+    elif not cap.zero_choices(tp=tp, pp=pp, dp=dp, offload=False):
+        reason = f"{cap.name} has no ZeRO stage for this layout"
     if reason:
         rej.add(reason)
     return reason is None
 
 
-def _zero_stages(fw: str, pp: int, dp: int) -> tuple[int, ...]:
-    if fw == "fsdp":
-        return (2, 3)
-    if fw in ("megatron", "nanotron"):
-        return (0, 1) if dp > 1 else (0,)
-    if pp > 1:
-        return (0, 1) if dp > 1 else (0,)
-    return (0, 1, 2, 3) if dp > 1 else (0,)
+def _stage_choices(cap: Capability, model: ModelSpec, pp: int, rej: Rejections) -> tuple[int, ...] | None:
+    if pp == 1:
+        return ()
+    split = stage_layers(cap, model.layers, pp)
+    if split is None:
+        rej.add(f"{cap.name}: cannot split the layers over pp stages" if cap.stage_split != "even"
+                else f"{cap.name}: pp does not divide layers (it splits evenly)")
+        return None
+    return () if len(set(split)) == 1 else split
 
 
-def _schedules(fw: str, model: ModelSpec, pp: int, grad_accum: int, space: PlanSpace,
-               rej: Rejections) -> Iterator[tuple[str, int]]:
+def _schedules(cap: Capability, stages: tuple[int, ...], model: ModelSpec, pp: int, grad_accum: int,
+               space: PlanSpace, rej: Rejections) -> Iterator[tuple[str, int]]:
     if pp == 1:
         yield "1f1b", 1
         return
-    yield "1f1b", 1
-    if fw == "nanotron":
-        yield "gpipe", 1
-    if fw == "megatron":
+    for sched in cap.schedules:
+        if sched != "interleaved":
+            yield sched, 1
+            continue
         v = space.interleaved_stages
-        if model.layers % (pp * v):
-            rej.add("interleaved: layers not divisible by pp*virtual stages")
-        elif grad_accum % pp:
+        counts = stages or (model.layers // pp,)
+        if any(n % v for n in counts):
+            rej.add("interleaved: a stage's layers not divisible by the virtual stages")
+        elif cap.interleaved_needs_ga_multiple and grad_accum % pp:
             rej.add("interleaved: micro-batches not a multiple of pp")
         else:
             yield "interleaved", v
 
 
+def _ep_choices(cap: Capability, model: ModelSpec, dp: int, rej: Rejections) -> tuple[int, ...]:
+    if not model.is_moe:
+        return (1,)
+    eps = [e for e in divisors(dp) if e > 1 and model.experts % e == 0]
+    if eps and not cap.ep:
+        rej.add(f"{cap.name} has no expert parallelism", len(eps))
+        return (1,)
+    return (1, *eps)
+
+
 def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
                     rejections: Rejections | None = None) -> Iterator[Plan]:
+    """Every plan the capability table (core.frameworks) says its framework can run on this cluster."""
     space = space or PlanSpace()
     rej = rejections if rejections is not None else Rejections()
+    caps = [capability(f) for f in space.frameworks]
     for tp, pp, cp, dp in _layouts(model, cluster, workload, space, rej):
         per_replica = workload.global_batch // dp
-        for fw in space.frameworks:
-            if not _framework_ok(fw, tp, pp, cp, dp, rej):
+        for cap in caps:
+            if not _framework_ok(cap, tp, pp, cp, dp, rej):
                 continue
+            stages = _stage_choices(cap, model, pp, rej)
+            if stages is None:
+                continue
+            sps = (False, True) if tp > 1 and cap.sequence_parallel else (False,)
+            if tp > 1 and len(sps) == 2 and model.is_moe and not cap.moe_sequence_parallel:
+                sps = (False,)
+            if True in sps and workload.seq_len % tp:
+                rej.add("sequence parallel: seq_len not divisible by tp")
+                sps = (False,)
+            eps = _ep_choices(cap, model, dp, rej)
             for mb in space.micro_batches:
                 if per_replica % mb:
                     rej.add("micro-batch does not divide the per-replica batch")
                     continue
                 ga = per_replica // mb
-                for zero in _zero_stages(fw, pp, dp):
-                    for schedule, v in _schedules(fw, model, pp, ga, space, rej):
+                for zero in cap.zero_choices(tp=tp, pp=pp, dp=dp, offload=False):
+                    offload_ok = space.offload and zero in cap.optimizer_offload_zero
+                    if dp == 1 and zero > 0 and not offload_ok:
+                        rej.add("zero over one data-parallel replica shards nothing (only worth it to offload)")
+                        continue
+                    offloads: list[tuple[bool, bool]] = [(True, False)] if dp == 1 and zero > 0 else \
+                        [(False, False)] + ([(True, False)] if offload_ok else [])
+                    if offload_ok and zero in cap.param_offload_zero:
+                        offloads.append((True, True))
+                    for schedule, v in _schedules(cap, stages, model, pp, ga, space, rej):
                         for rc in space.recompute:
-                            if rc == "selective" and fw not in ("megatron", "nanotron"):
-                                rej.add("selective recompute is Megatron/nanotron only")
+                            if rc not in cap.recompute:
+                                rej.add("selective recompute is Megatron/nanotron only" if rc == "selective"
+                                        else f"{cap.name} has no {rc} recompute")
                                 continue
-                            for sp in ((False, True) if tp > 1 else (False,)):
-                                offloads = (False, True) if space.offload and (
-                                    (fw == "deepspeed" and zero >= 1) or (fw == "fsdp" and zero == 3)) else (False,)
-                                for off in offloads:
-                                    yield Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero=zero,
-                                               recompute=rc, micro_batch=mb, grad_accum=ga, optimizer_offload=off,
-                                               framework=fw, schedule=schedule, virtual_stages=v)
+                            for sp in sps:
+                                for ep in eps:
+                                    for off, poff in offloads:
+                                        yield Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero=zero,
+                                                   recompute=rc, micro_batch=mb, grad_accum=ga,
+                                                   optimizer_offload=off, param_offload=poff, framework=cap.name,
+                                                   schedule=schedule, virtual_stages=v, ep=ep, stage_layers=stages)

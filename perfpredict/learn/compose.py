@@ -20,7 +20,7 @@ from perfpredict.learn.kernels import KernelModel, family_of
 c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
                "head_dim", "numel", "bytes", "world_size", "ranks_per_node", "link_gb_per_s")
-PARTS = ("compute", "tp", "pp", "cp", "dp", "zero3", "optim")
+PARTS = ("compute", "tp", "pp", "cp", "ep", "dp", "zero3", "optim")
 # Whether a framework overlaps the data-parallel gradient reduction with the backward pass by default.
 # - megatron: Megatron-core's DistributedDataParallelConfig.overlap_grad_reduce defaults to False
 #   (NVIDIA/Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py); the Megatron-DeepSpeed
@@ -61,12 +61,16 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_row_index("row").select(
         "row",
         hardware=c("g_name"), dtype=c("w_precision"),
-        T=T, Lps=c("m_layers").cast(pl.Float64) / c("p_pp"), mbs=c("p_grad_accum").cast(pl.Float64),
+        T=T, Lps=c("d_layers_max"), mbs=c("p_grad_accum").cast(pl.Float64),
         fwd_mult=forward_passes(), attn_fwd_extra=forward_passes() - 1.0 + sel, ref=ref,
         h=c("m_hidden").cast(pl.Float64), a=c("m_heads").cast(pl.Float64), kv=c("m_kv_heads").cast(pl.Float64),
         hd=c("m_head_dim").cast(pl.Float64), t=c("p_tp").cast(pl.Float64), V=c("m_vocab").cast(pl.Float64),
         f=f, gate=pl.when(c("m_gated")).then(2.0).otherwise(1.0),
-        experts=pl.when(moe).then(c("m_experts")).otherwise(1).cast(pl.Float64),
+        # Expert parallelism: a rank runs its experts/ep experts on the tokens routed to them from ep ranks.
+        experts=pl.when(moe).then(c("m_experts") / c("p_ep")).otherwise(1).cast(pl.Float64),
+        ep=c("p_ep"), ep_rpn=pl.min_horizontal(c("p_ep"), gpn), ep_tokens=T * pl.when(moe).then(
+            c("m_experts_per_token")).otherwise(0).cast(pl.Float64) / pl.when(c("p_sp")).then(c("p_tp")).otherwise(1),
+        ep_link=pl.when(c("p_ep") > gpn).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
         topk=pl.when(moe).then(c("m_experts_per_token")).otherwise(1).cast(pl.Float64),
         seqs=seqs.cast(pl.Float64), s=c("w_seq_len").cast(pl.Float64), cp=c("p_cp").cast(pl.Float64),
         tp=c("p_tp"), dp=c("p_dp") * c("p_cp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
@@ -182,6 +186,15 @@ def _comm(b: pl.DataFrame) -> list[pl.DataFrame]:
     return out
 
 
+def _expert_parallel(b: pl.DataFrame) -> list[pl.DataFrame]:
+    """MoE dispatch and combine across the ep group: one all-to-all each way per layer and forward pass, and the
+    two again in the backward; each moves this rank's routed token copies (top-k of them) at activation width."""
+    return [b.filter(c("ep") > 1).select(
+        "row", "hardware", op=pl.lit("all_to_all"), dtype=pl.lit("bf16"),
+        bytes=_i(c("ep_tokens") * c("h") * c("act_b")), world_size=c("ep"), ranks_per_node=c("ep_rpn"),
+        link_gb_per_s=c("ep_link"), count=c("Lps") * c("mbs") * (2.0 * c("fwd_mult") + 2.0), part=pl.lit("ep"))]
+
+
 def _optimizer(b: pl.DataFrame) -> list[pl.DataFrame]:
     shard = pl.when(c("zero") >= 1).then(c("dp")).otherwise(1).cast(pl.Float64)
     return [b.select("row", "hardware", op=pl.lit("adam"), dtype=pl.lit("fp32"), numel=_i(c("params") / shard),
@@ -191,7 +204,7 @@ def _optimizer(b: pl.DataFrame) -> list[pl.DataFrame]:
 def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     """Every kernel one rank runs in a step, for each plan row of a descriptor frame (with its count)."""
     b = _base(desc)
-    frames = _gemms(b) + _attention(b) + _membound(b) + _comm(b) + _optimizer(b)
+    frames = _gemms(b) + _attention(b) + _membound(b) + _comm(b) + _expert_parallel(b) + _optimizer(b)
     frames = [f if "part" in f.columns else f.with_columns(part=pl.lit("compute")) for f in frames]
     q = pl.concat(frames, how="diagonal_relaxed")
     for k in KERNEL_KEYS:
@@ -286,7 +299,7 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float])
     out = (desc.with_row_index("row").join(parts, on="row", how="left").join(bwd, on="row", how="left")
            .drop("row"))
     out = out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather")] + [c("k_bwd_s").fill_null(0.0)])
-    n_untimed = (c("p_grad_accum") * c("m_layers") / c("p_pp")
+    n_untimed = (c("p_grad_accum") * c("d_layers_max")
                  * (UNTIMED_FWD_PER_LAYER * forward_passes() + UNTIMED_BWD_PER_LAYER))
     overlap = c("p_framework").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
     grad_bytes = (c("d_params_rank") * c("d_grad_bytes_per_param")).clip(lower_bound=1.0)
@@ -301,7 +314,7 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float])
         k_zero3_s=_exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), c("p_pp") / c("m_layers").cast(pl.Float64)),
         **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
     ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
-    stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_pp_s") + c("k_launch_s")
+    stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_ep_s") + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
         k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s"),
     ).with_columns(

@@ -28,7 +28,7 @@ RECOMPUTE_CODES = {"none": 0.0, "selective": 1.0, "full": 2.0}
 # Per-step reference cost: none = precomputed (its forward ran before training) < live < offloaded (streamed in).
 REFERENCE_CODES = {"none": 0.0, "precomputed": 0.0, "live": 1.0, "offloaded": 2.0}
 SCHEDULE_CODES = {"1f1b": 0.0, "gpipe": 1.0, "interleaved": 2.0}
-SHARE_PARTS = ("compute", "tp", "pp", "cp", "dp", "zero3", "optim", "launch")
+SHARE_PARTS = ("compute", "tp", "pp", "cp", "ep", "dp", "zero3", "optim", "launch")
 # The correction may only rise with these (the composition already rises with them): more micro-batches per step,
 # more recompute, a costlier reference can never make a step faster.
 TIME_MONOTONE = {"f_log_ga": 1, "f_recompute": 1, "f_reference": 1}
@@ -66,7 +66,7 @@ def _plan_features() -> list[pl.Expr]:
 
 
 def time_features(df: pl.DataFrame) -> pl.DataFrame:
-    comm = sum(c(f"kc_{p}_frac") for p in ("tp", "pp", "cp", "dp", "zero3"))
+    comm = sum(c(f"kc_{p}_frac") for p in ("tp", "pp", "cp", "ep", "dp", "zero3"))
     return df.select(
         *_plan_features(),
         *[c(f"kc_{p}_frac").fill_nan(0.0).alias(f"f_{p}_share") for p in SHARE_PARTS],

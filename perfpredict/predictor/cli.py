@@ -12,9 +12,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.errors import PerfPredictError, check_int, check_number
+from perfpredict.core.paths import writable_dir, writable_file
 
 console = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True)
+JSON_HELP = "write JSON to FILE, or to stdout with -"
 PREDICT_KEYS = ("step_time_s", "tokens_per_s", "samples_per_s", "peak_memory_gib", "fits", "mfu",
                 "step_time_interval_s", "peak_memory_interval_gib", "breakdown", "dominant")
 
@@ -56,7 +59,9 @@ def _explain(df: pl.DataFrame, unit: str) -> str:
         lines.append(f"The main gain is {why} ({gain:.3f} s less per step).")
     lines.append(f"Memory: states {a['m_states_gib']:.1f} vs {b['m_states_gib']:.1f}, activations "
                  f"{a['m_activations_gib']:.1f} vs {b['m_activations_gib']:.1f}, logits {a['m_logits_gib']:.1f} vs "
-                 f"{b['m_logits_gib']:.1f}, reference {a['m_reference_gib']:.1f} vs {b['m_reference_gib']:.1f} GiB.")
+                 f"{b['m_logits_gib']:.1f}, reference {a['m_reference_gib']:.1f} vs {b['m_reference_gib']:.1f}, "
+                 f"gathered parameters {a['m_other_gib']:.1f} vs {b['m_other_gib']:.1f} GiB (the peak rank's parts; "
+                 "they add up to its peak).")
     return "\n".join(lines)
 
 
@@ -78,7 +83,7 @@ def rank_cmd(
     target_pairs_per_s: Annotated[float, typer.Option(help="throughput target (pairs/s, or samples/s)")] = 0.0,
     top: Annotated[int, typer.Option(help="rows to show")] = 10,
     explain: Annotated[bool, typer.Option(help="why #1 beats #2")] = False,
-    json_out: Annotated[str | None, typer.Option("--json", help="write the whole ranking as JSON (FILE or -)")] = None,
+    json_out: Annotated[str | None, typer.Option("--json", help=JSON_HELP)] = None,
     csv_out: Annotated[str | None, typer.Option("--csv", help="write the whole ranking as CSV (FILE or -)")] = None,
     plot: Annotated[Path | None, typer.Option(help="memory vs throughput PNG with the Pareto front")] = None,
     emit: Annotated[str | None, typer.Option(help="deepspeed | fsdp | megatron | torchrun: configs for #1")] = None,
@@ -87,13 +92,24 @@ def rank_cmd(
 ) -> None:
     """Rank every legal plan by predicted throughput; drop those predicted not to fit."""
     from perfpredict.api import rank_report
+    from perfpredict.predictor.emit import TARGETS
 
     if json_out == "-" and csv_out == "-":
         raise PerfPredictError("--json - and --csv - both write to stdout: give one of them a file name")
+    if gpus != "auto" and not (gpus.isdigit() and int(gpus) > 0):
+        raise PerfPredictError(f"--gpus must be a positive integer or 'auto', got {gpus!r}")
+    check_int("--top", top, 1, 1 << 30)
+    check_number("--target-pairs-per-s", target_pairs_per_s, 0.0, 1e12)
     if gpus == "auto" and target_pairs_per_s <= 0:
         raise PerfPredictError("--gpus auto needs --target-pairs-per-s")
-    if gpus != "auto" and not gpus.isdigit():
-        raise PerfPredictError(f"--gpus must be a positive integer or 'auto', got {gpus!r}")
+    # Everything the command will write is checked before the ranking work starts.
+    for opt, path in (("--json", json_out), ("--csv", csv_out), ("--plot", plot)):
+        if path is not None and str(path) != "-":
+            writable_file(opt, path)
+    if emit is not None:
+        if emit not in TARGETS:
+            raise PerfPredictError(f"unknown --emit target {emit!r}; accepted: {', '.join(TARGETS)}")
+        writable_dir("--emit-dir", emit_dir)
     machine = json_out == "-" or csv_out == "-"
     say = (lambda *a, **k: None) if machine else console.print
     rep = rank_report(model=model, gpu=gpu, gpus=None if gpus == "auto" else int(gpus), gpus_per_node=gpus_per_node,
@@ -144,21 +160,39 @@ def rank_cmd(
 
 def predict_cmd(
     file: Annotated[Path, typer.Argument(help="one scenario (JSON), a JSON list, or JSON Lines")],
-    json_out: Annotated[bool, typer.Option("--json", help="JSON Lines on stdout, one per scenario")] = False,
+    json_out: Annotated[str | None, typer.Option("--json", help=JSON_HELP)] = None,
     predictor: Annotated[Path | None, typer.Option(help="a trained predictor folder")] = None,
 ) -> None:
-    """One prediction per scenario, in order."""
-    from perfpredict.api import predict_file
+    """One answer per scenario, in order: its prediction, or its error (exit code 2 if any scenario is invalid)."""
+    from perfpredict.api import predict_file_items
 
-    preds = predict_file(path=file, predictor=predictor)
+    if json_out not in (None, "-"):
+        writable_file("--json", json_out, not_same_as=file)
+    answers = predict_file_items(path=file, predictor=predictor)
+    bad = [it for it, _ in answers if it.error]
+    if len(answers) == 1 and bad and not json_out:
+        raise PerfPredictError(bad[0].error)  # one scenario: its error is the whole answer
     if json_out:
-        for p in preds:
-            sys.stdout.write(json.dumps({k: p.to_dict()[k] for k in PREDICT_KEYS}) + "\n")
-        return
-    t = Table("#", "step s [90%]", "tokens/s", "samples/s", "peak GiB [90%]", "fits", "MFU", "dominated by")
-    for i, p in enumerate(preds, 1):
-        t.add_row(str(i), f"{p.step_time_s:.3g} [{p.step_time_interval_s[0]:.3g}-{p.step_time_interval_s[1]:.3g}]",
-                  f"{p.tokens_per_s:.4g}", f"{p.samples_per_s:.4g}",
-                  f"{p.peak_memory_gib:.1f} [{p.peak_memory_interval_gib[0]:.1f}-{p.peak_memory_interval_gib[1]:.1f}]",
-                  "yes" if p.fits else "NO", f"{100 * p.mfu:.0f}%", p.dominant)
-    console.print(t)
+        lines = [json.dumps({k: p.to_dict()[k] for k in PREDICT_KEYS} | it.location()) if p is not None else
+                 json.dumps({"error": it.error, **it.location()}) for it, p in answers]
+        text = "\n".join(lines) + "\n"
+        sys.stdout.write(text) if json_out == "-" else Path(json_out).write_text(text)
+    else:
+        t = Table("#", "step s [90%]", "tokens/s", "samples/s", "peak GiB [90%]", "fits", "MFU", "dominated by")
+        for it, p in answers:
+            where = f"{it.where} {it.at}"
+            if p is None:
+                t.add_row(where, "[red]invalid[/]", "-", "-", "-", "-", "-", "-")
+                continue
+            t.add_row(where, f"{p.step_time_s:.3g} [{p.step_time_interval_s[0]:.3g}-{p.step_time_interval_s[1]:.3g}]",
+                      f"{p.tokens_per_s:.4g}", f"{p.samples_per_s:.4g}",
+                      f"{p.peak_memory_gib:.1f} [{p.peak_memory_interval_gib[0]:.1f}-"
+                      f"{p.peak_memory_interval_gib[1]:.1f}]", "yes" if p.fits else "NO", f"{100 * p.mfu:.0f}%",
+                      p.dominant)
+        console.print(t)
+    if bad:
+        for it in bad if len(answers) > 1 else []:
+            err.print(f"{it.where} {it.at}: {it.error}", markup=False, highlight=False, soft_wrap=True)
+        raise PerfPredictError(f"{len(bad)} of {len(answers)} scenarios are invalid "
+                               f"({', '.join(f'{it.where} {it.at}' for it in bad[:10])}"
+                               f"{', ...' if len(bad) > 10 else ''}); the others were answered")

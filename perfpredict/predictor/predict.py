@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
 from perfpredict.features.descriptors import describe
 from perfpredict.learn.bundle import Bundle, default_path
@@ -53,15 +55,17 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         time_applicability=pl.Series(p["time_weight"]), memory_applicability=pl.Series(p["mem_weight"]),
         mfu=pl.Series(mfu),
         b_compute_s=pl.Series((df["k_compute_s"] + df["k_launch_s"]).to_numpy() * ratio),
-        b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"]).to_numpy() * ratio),
+        b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"] + df["k_ep_s"]).to_numpy() * ratio),
         b_dp_comm_s=pl.Series((df["k_dp_s"] + df["k_zero3_s"]).to_numpy() * ratio),
         b_pp_comm_s=pl.Series(df["k_pp_s"].to_numpy() * ratio),
         b_bubble_s=pl.Series(df["k_bubble_s"].to_numpy() * ratio),
         b_optimizer_s=pl.Series((df["k_optim_s"] + df["d_host_s"]).to_numpy() * ratio),
-        m_states_gib=pl.Series(df["d_states_gib"].to_numpy() * mratio),
-        m_activations_gib=pl.Series(df["d_act_gib"].to_numpy() * mratio),
-        m_logits_gib=pl.Series(df["d_logits_gib"].to_numpy() * mratio),
-        m_reference_gib=pl.Series(df["d_ref_gib"].to_numpy() * mratio),
+        # The peak rank's parts, scaled like its total: they add up to peak_memory_gib.
+        m_states_gib=pl.Series(df["d_peak_states_gib"].to_numpy() * mratio),
+        m_activations_gib=pl.Series(df["d_peak_act_gib"].to_numpy() * mratio),
+        m_logits_gib=pl.Series(df["d_peak_logits_gib"].to_numpy() * mratio),
+        m_reference_gib=pl.Series(df["d_peak_ref_gib"].to_numpy() * mratio),
+        m_other_gib=pl.Series(df["d_peak_other_gib"].to_numpy() * mratio),
     )
     parts = ["b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s"]
     names = ["compute", "TP communication", "DP communication", "pipeline communication", "pipeline bubble",
@@ -96,11 +100,58 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
         breakdown={"compute_s": r["b_compute_s"], "tp_comm_s": r["b_tp_comm_s"], "dp_comm_s": r["b_dp_comm_s"],
                    "pp_comm_s": r["b_pp_comm_s"], "bubble_s": r["b_bubble_s"], "optimizer_s": r["b_optimizer_s"],
                    "states_gib": r["m_states_gib"], "activations_gib": r["m_activations_gib"],
-                   "logits_gib": r["m_logits_gib"], "reference_gib": r["m_reference_gib"]},
+                   "logits_gib": r["m_logits_gib"], "reference_gib": r["m_reference_gib"],
+                   "other_gib": r["m_other_gib"]},
         dominant=r["dominant"])
 
 
-def predict_many(scenarios: list[Scenario], *, bundle: Bundle | None = None) -> list[Prediction]:
+@dataclass(frozen=True)
+class PredictionError:
+    """Stands in place of a prediction for an invalid scenario (predict_many(..., errors="return"))."""
+
+    error: str
+    index: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.error, "index": self.index}
+
+
+def _as_scenario(x: Any, i: int) -> Scenario:
+    if isinstance(x, Scenario):
+        return x
+    if isinstance(x, dict):
+        return Scenario.from_dict(x)
+    raise PerfPredictError(f"scenario {i} must be a Scenario or its dict form, got {type(x).__name__}")
+
+
+def predict_many(scenarios: Sequence[Scenario | dict], *, bundle: Bundle | None = None,
+                 errors: str = "raise") -> list[Prediction | PredictionError]:
+    """Predictions for many scenarios (Scenario objects or their dicts), in order, in one batch.
+
+    Invalid entries: with errors="raise" (the default) nothing is predicted and one PerfPredictError names every bad
+    index and why; with errors="return" each bad entry gets a PredictionError (error, index) in its place and every
+    good one its Prediction. An empty sequence gives an empty list."""
+    if errors not in ("raise", "return"):
+        raise PerfPredictError(f"errors must be 'raise' or 'return', got {errors!r}")
+    if isinstance(scenarios, (str, bytes, dict, Scenario)) or not isinstance(scenarios, Sequence):
+        raise PerfPredictError(f"predict_many takes a list of scenarios, got {type(scenarios).__name__}")
+    parsed: list[Scenario | PredictionError] = []
+    for i, x in enumerate(scenarios):
+        try:
+            parsed.append(_as_scenario(x, i))
+        except PerfPredictError as e:
+            parsed.append(PredictionError(str(e), i))
+    bad = [p for p in parsed if isinstance(p, PredictionError)]
+    if bad and errors == "raise":
+        shown = "; ".join(f"[{b.index}] {b.error}" for b in bad[:5])
+        more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise PerfPredictError(f"{len(bad)} of {len(parsed)} scenarios are invalid: {shown}{more}")
+    good = [p for p in parsed if isinstance(p, Scenario)]
+    preds = iter(_predict_scenarios(good, bundle) if good else [])
+    return [p if isinstance(p, PredictionError) else next(preds) for p in parsed]
+
+
+def _predict_scenarios(scenarios: list[Scenario], bundle: Bundle | None) -> list[Prediction]:
     df = predict_frame(pl.DataFrame([s.to_flat() for s in scenarios]), bundle=bundle)
     return [_row_prediction(r) for r in df.iter_rows(named=True)]
 
@@ -108,6 +159,7 @@ def predict_many(scenarios: list[Scenario], *, bundle: Bundle | None = None) -> 
 def predict(scenario: Scenario | dict, *, bundle: Bundle | None = None) -> Prediction:
     """One prediction: step time, tokens/s, samples/s (pairs/s for preference objectives), peak memory, fits,
     intervals and the breakdown. Accepts a Scenario or its dict form (model may be a catalog name)."""
-    if isinstance(scenario, dict):
-        scenario = Scenario.from_dict(scenario)
-    return predict_many([scenario], bundle=bundle)[0]
+    if not isinstance(scenario, (Scenario, dict)):
+        raise PerfPredictError(f"predict takes one scenario (a Scenario or its dict form), got "
+                               f"{type(scenario).__name__}; for many use predict_many")
+    return _predict_scenarios([_as_scenario(scenario, 0)], bundle)[0]

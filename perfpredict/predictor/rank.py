@@ -18,11 +18,12 @@ from perfpredict.predictor.predict import load_predictor, predict_frame
 c = pl.col
 RANK_COLUMNS = (
     "rank", "plan", "p_framework", "p_tp", "p_pp", "p_dp", "p_cp", "p_sp", "p_zero", "p_micro_batch",
-    "p_grad_accum", "p_recompute", "p_offload", "p_schedule", "p_vstages", "samples_per_s", "tokens_per_s",
+    "p_grad_accum", "p_recompute", "p_offload", "p_schedule", "p_vstages", "p_ep", "p_param_offload",
+    "p_stage_layers", "samples_per_s", "tokens_per_s",
     "step_time_s", "step_time_lo_s", "step_time_hi_s", "time_to_finish_h", "peak_memory_gib",
     "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", "b_compute_s", "b_tp_comm_s",
     "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s", "m_states_gib", "m_activations_gib",
-    "m_logits_gib", "m_reference_gib", "g_memory_gib",
+    "m_logits_gib", "m_reference_gib", "m_other_gib", "g_memory_gib",
 )
 
 
@@ -49,12 +50,17 @@ def _label_expr() -> pl.Expr:
     parts = [c("p_framework"), pl.lit(" tp"), c("p_tp").cast(pl.Utf8), pl.lit(" pp"), c("p_pp").cast(pl.Utf8),
              pl.lit(" dp"), c("p_dp").cast(pl.Utf8),
              pl.when(c("p_cp") > 1).then(pl.lit(" cp") + c("p_cp").cast(pl.Utf8)).otherwise(pl.lit("")),
+             pl.when(c("p_ep") > 1).then(pl.lit(" ep") + c("p_ep").cast(pl.Utf8)).otherwise(pl.lit("")),
              pl.when(c("p_sp")).then(pl.lit(" sp")).otherwise(pl.lit("")),
              pl.lit(" z"), c("p_zero").cast(pl.Utf8), pl.lit(" mb"), c("p_micro_batch").cast(pl.Utf8),
              pl.lit(" ga"), c("p_grad_accum").cast(pl.Utf8),
              pl.when(c("p_recompute") != "none").then(pl.lit(" rc-") + c("p_recompute")).otherwise(pl.lit("")),
              pl.when(c("p_offload")).then(pl.lit(" offload")).otherwise(pl.lit("")),
-             pl.when(c("p_pp") > 1).then(pl.lit(" ") + c("p_schedule")).otherwise(pl.lit(""))]
+             pl.when(c("p_param_offload")).then(pl.lit("+params")).otherwise(pl.lit("")),
+             pl.when(c("p_pp") > 1).then(pl.lit(" ") + c("p_schedule")).otherwise(pl.lit("")),
+             pl.when(c("p_vstages") > 1).then(pl.lit("v") + c("p_vstages").cast(pl.Utf8)).otherwise(pl.lit("")),
+             pl.when(c("p_stage_layers") != "").then(pl.lit(" stages[") + c("p_stage_layers") + pl.lit("]"))
+             .otherwise(pl.lit(""))]
     return pl.concat_str(parts)
 
 
@@ -76,7 +82,11 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
         plan=_label_expr(),
         time_to_finish_h=pl.when(total > 0).then(
             (total / c("samples_per_s") + c("d_precompute_flops") / rate) / 3600.0).otherwise(None),
-    ).sort(["fits", "samples_per_s"], descending=[True, True]).with_row_index("rank", offset=1)
+    )
+    # Deterministic order: fitting first, then throughput; equal throughput goes to the plan needing less memory,
+    # then to the label (so a rerun ranks identically).
+    df = df.sort(["fits", "samples_per_s", "peak_memory_gib", "plan"], descending=[True, True, False, False],
+                 maintain_order=True).with_row_index("rank", offset=1)
     return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
                    cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin)
 

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.frameworks import CAPABILITIES, why_not
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
@@ -20,57 +21,23 @@ RDZV_PORT = 29500
 # fit checks: None when the target can run the plan, else a reason (one clause, no newline)
 
 
-def _hf_reason(plan: Plan, who: str) -> str | None:
-    """What TRL / HF Trainer driven through accelerate cannot do, for DeepSpeed and FSDP alike."""
-    if plan.tp > 1:
-        return f"{who} (as TRL/accelerate drive it) has no tensor parallelism (tp={plan.tp})"
-    if plan.pp > 1:
-        return f"{who} (as TRL/accelerate drive it) has no pipeline parallelism (pp={plan.pp})"
-    if plan.cp > 1:
-        return f"{who} (as TRL/accelerate drive it here) has no context parallelism (cp={plan.cp})"
-    if plan.recompute == "selective":
-        return ("selective recompute is Megatron/nanotron only; HF gradient checkpointing recomputes whole layers "
-                "(use recompute full)")
-    return None
+_WRITES = {"deepspeed": "DeepSpeed ZeRO configs", "fsdp": "an accelerate FSDP config", "megatron": "Megatron-LM arguments"}
 
 
-def _fit_deepspeed(plan: Plan, model: ModelSpec) -> str | None:
-    if plan.framework != "deepspeed":
-        return f"it writes DeepSpeed ZeRO configs and this is a {plan.framework} plan"
-    reason = _hf_reason(plan, "DeepSpeed")
-    if reason:
-        return reason
-    if plan.optimizer_offload and plan.zero == 0:
-        return "DeepSpeed optimizer offload needs ZeRO stage 1 or more (plan has zero 0)"
-    return None
+def _fit_framework(target: str):
+    """The target named after a framework runs exactly what the capability table says that framework runs."""
 
+    def fit_target(plan: Plan, model: ModelSpec) -> str | None:
+        if plan.framework != target:
+            return f"it writes {_WRITES[target]} and this is a {plan.framework} plan"
+        return why_not(plan, model)
 
-def _fit_fsdp(plan: Plan, model: ModelSpec) -> str | None:
-    if plan.framework != "fsdp":
-        return f"it writes an accelerate FSDP config and this is a {plan.framework} plan"
-    reason = _hf_reason(plan, "FSDP")
-    if reason:
-        return reason
-    if plan.zero not in (2, 3):
-        return f"FSDP shards gradients and optimizer state at least: zero must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD), got {plan.zero}"
-    return None
-
-
-def _fit_megatron(plan: Plan, model: ModelSpec) -> str | None:
-    if plan.framework != "megatron":
-        return f"it writes Megatron-LM arguments and this is a {plan.framework} plan"
-    if plan.pp > 1 and plan.schedule == "gpipe":
-        return "Megatron-LM has no GPipe schedule (use 1f1b or interleaved)"
-    if model.layers % plan.pp:
-        return f"pp={plan.pp} does not divide the model's {model.layers} layers"
-    if plan.schedule == "interleaved" and plan.virtual_stages > 1 and model.layers % (plan.pp * plan.virtual_stages):
-        return (f"interleaved schedule needs layers ({model.layers}) divisible by pp x virtual stages "
-                f"({plan.pp} x {plan.virtual_stages})")
-    return None
+    return fit_target
 
 
 # The config-writing targets, each named after the framework whose plans it can run (with the same signature).
-_FIT = {"deepspeed": _fit_deepspeed, "fsdp": _fit_fsdp, "megatron": _fit_megatron}
+_FIT = {c.emit_target: _fit_framework(c.emit_target) for c in CAPABILITIES.values()
+        if c.emit_target and c.rankable and c.name == c.emit_target}
 
 
 def _fit_torchrun(plan: Plan, workload: Workload, model: ModelSpec) -> str | None:

@@ -16,6 +16,8 @@ def _ds_config(ctx: Ctx) -> dict[str, Any]:
         zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto"})
     if p.optimizer_offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if p.param_offload:  # ZeRO-Infinity: stage 3 parameters in host memory too
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if p.zero == 3:
         zero.update({
             "stage3_prefetch_bucket_size": "auto",

@@ -16,9 +16,19 @@ def _megatron_arg_lines(ctx: Ctx) -> list[tuple[list[str], str | None]]:
         (["--pipeline-model-parallel-size", str(p.pp)], None),
         (["--context-parallel-size", str(p.cp)], None),
     ]
+    if p.stage_layers:
+        lines.append((["--decoder-first-pipeline-num-layers", str(p.stage_layers[0]),
+                       "--decoder-last-pipeline-num-layers", str(p.stage_layers[-1])],
+                      f"uneven stages {list(p.stage_layers)}: the middle stages split the rest evenly"))
+    if p.ep > 1:
+        lines.append((["--expert-model-parallel-size", str(p.ep)], "experts sharded over ep ranks of dp"))
     if p.schedule == "interleaved" and p.virtual_stages > 1:
-        lines.append((["--num-layers-per-virtual-pipeline-stage", str(m.layers // (p.pp * p.virtual_stages))],
-                      f"interleaved 1F1B, {p.virtual_stages} virtual stages per pipeline rank"))
+        if p.stage_layers:  # with first/last counts given Megatron takes the virtual stage count instead
+            lines.append((["--num-virtual-stages-per-pipeline-rank", str(p.virtual_stages)],
+                          f"interleaved 1F1B, {p.virtual_stages} virtual stages per pipeline rank"))
+        else:
+            lines.append((["--num-layers-per-virtual-pipeline-stage", str(m.layers // (p.pp * p.virtual_stages))],
+                          f"interleaved 1F1B, {p.virtual_stages} virtual stages per pipeline rank"))
     if p.sequence_parallel:
         lines.append((["--sequence-parallel"], None))
     if p.zero >= 1:
@@ -132,6 +142,11 @@ def nemo_aligner_overrides(ctx: Ctx) -> list[str]:
     ]
     if p.schedule == "interleaved" and p.virtual_stages > 1:
         out.append(f"++model.virtual_pipeline_model_parallel_size={p.virtual_stages}")
+    if p.ep > 1:
+        out.append(f"++model.expert_model_parallel_size={p.ep}")
+    if p.stage_layers:  # Megatron-core TransformerConfig's names for --decoder-first/last-pipeline-num-layers
+        out += [f"++model.num_layers_in_first_pipeline_stage={p.stage_layers[0]}",
+                f"++model.num_layers_in_last_pipeline_stage={p.stage_layers[-1]}"]
     out += [
         f"++model.micro_batch_size={p.micro_batch}",
         f"++model.global_batch_size={w.global_batch}",

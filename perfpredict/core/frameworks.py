@@ -1,0 +1,314 @@
+"""What each training framework can run: the one capability table that the plan generator, `--emit` and collect
+read (issue 10 item 3, issue 12).
+
+One frozen `Capability` per framework (and per TRL backend). `why_not(plan, model)` is the single legality check
+built from it: None when the framework can run the plan, else one clause saying why not. The plan generator counts
+its reasons as rejections, emit refuses with it, `predict` refuses a scenario with it, and collect checks its own
+harness row with it.
+
+Sources read (cited as repo:path, the `search` tool's code/docs corpora):
+- Megatron-LM: tensor/sequence/pipeline/context/expert parallelism (`--tensor-model-parallel-size`,
+  `--sequence-parallel`, `--pipeline-model-parallel-size`, `--context-parallel-size`,
+  `--expert-model-parallel-size`); 1F1B and interleaved 1F1B (`--num-layers-per-virtual-pipeline-stage`), no GPipe;
+  uneven stages through `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`: the first and
+  last stage take the given counts, the middle stages split the rest evenly; the embedding lives on the first stage
+  and the output head + loss on the last, not counted as layers (megatron/core/transformer/transformer_block.py
+  get_num_layers_to_build; vwxyzjn/Megatron-MoE-ModelZoo:design_docs/MR2795-flexible_asym_vpp_with_custom_pp_layout.md:
+  with first/last given, each stage's count must still be divisible by the virtual pipeline size);
+  distributed optimizer = ZeRO-1, Megatron-FSDP for ZeRO-2/3 (`--use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads[_params]`); optimizer CPU offload (`--optimizer-cpu-offload
+  --optimizer-offload-fraction 1.0 --use-precision-aware-optimizer`, HybridDeviceOptimizer,
+  megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py) on top of the distributed optimizer, on any dp;
+  Megatron turns `--sequence-parallel` off when tp is 1 (megatron/training/arguments.py: "Disabling sequence
+  parallelism because tensor model parallelism is disabled").
+- nanotron: ParallelismArgs dp/pp/tp/expert_parallel_size, pp_engine "1f1b" or "afab" (all-forward-all-backward =
+  GPipe), tp_mode REDUCE_SCATTER = sequence parallel (nanotron/config/parallelism_config.py); ZeRO-1 only, no
+  interleaved schedule, no ring attention / CP (README roadmap); pipeline blocks (embedding, each decoder layer, final
+  norm + lm_head) are assigned to pp ranks by balancing their compute cost, so layers split unevenly when pp does
+  not divide them and the embedding/head count as work on the first/last rank.
+- DeepSpeed as TRL / HF Trainer drive it through accelerate: ZeRO 0-3 over data parallelism only (its pipeline
+  engine needs a PipelineModule, which the HF Trainer never builds); `offload_optimizer` with stage 1, 2 or 3 and
+  `offload_param` with stage 3 (ZeRO-Infinity), on any GPU count: ZeRO-Offload "enables large models with up to 13
+  billion parameters to be efficiently trained on a single GPU" (deepspeed.ai/tutorials/zero-offload).
+- FSDP as accelerate drives it: FULL_SHARD (3) / SHARD_GRAD_OP (2), no TP/PP/CP through accelerate's FSDP plugin;
+  `fsdp_offload_params` (CPUOffload) moves parameters, gradients and the optimizer step to the host, single GPU
+  included.
+- TRL (DPOTrainer and relatives on accelerate): DDP, DeepSpeed ZeRO 0-3 with optimizer/param offload, or FSDP; no
+  TP/PP/CP. Measured and modelled in issue 10: until then `trl+*` rows are in the table but not rankable.
+- perfpredict collect's harness (perfpredict/collect/parallel.py, torchtitan-like, PyTorch-native): DDP, FSDP2
+  (zero 2/3; zero 1 runs as 2), DTensor TP (+SP, not with MoE), 2-D TP x FSDP, torch.distributed.pipelining alone
+  (tp = dp = 1) with GPipe or 1F1B and an even split; no CP, no offload. Its rows are recorded as framework "fsdp".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from perfpredict.core.errors import PerfPredictError
+
+if TYPE_CHECKING:
+    from perfpredict.core.model import ModelSpec
+    from perfpredict.core.plan import Plan
+
+# How a framework splits layers over pipeline stages when it may split them unevenly.
+EVEN = "even"  # every stage the same number of layers
+FIRST_LAST = "first_last"  # Megatron: first/last stage counts given, middle stages even
+BALANCED = "balanced"  # nanotron / torchtitan: as even as possible, embedding and head counted as work
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    display: str  # how messages name it
+    tp: bool = False
+    sequence_parallel: bool = False
+    pp: bool = False
+    schedules: tuple[str, ...] = ("1f1b",)  # pipeline schedules (pp > 1)
+    interleaved_needs_ga_multiple: bool = True  # Megatron: micro-batches a multiple of pp for interleaving
+    stage_split: str = EVEN
+    pp_alone: bool = False  # pipeline only without tp and dp (collect's harness)
+    cp: bool = False
+    ep: bool = False
+    zero_stages: tuple[int, ...] = (0,)  # with dp > 1
+    zero_with_pp: tuple[int, ...] = (0, 1)
+    zero_with_tp_dp: tuple[int, ...] = (0, 1, 2, 3)  # stages legal when tp > 1 and dp > 1
+    # Stages legal at dp = 1: they shard nothing there, but ZeRO-Offload runs ZeRO on one GPU to offload; the plan
+    # generator only offers them with offload.
+    zero_single_replica: tuple[int, ...] = (0,)
+    optimizer_offload_zero: tuple[int, ...] = ()  # ZeRO stages optimizer offload works with (empty: none)
+    param_offload_zero: tuple[int, ...] = ()
+    recompute: tuple[str, ...] = ("none", "full")
+    moe_sequence_parallel: bool = True
+    rankable: bool = True  # the predictor models it, so `rank`/`predict` accept it
+    unrankable_why: str = ""
+    emit_target: str | None = None  # the config-writing `--emit` target named after it
+    records_as: str = ""  # framework label its measured rows carry ("" = its own name)
+    backends: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    def zero_choices(self, *, tp: int, pp: int, dp: int, offload: bool) -> tuple[int, ...]:
+        """ZeRO stages this framework can run on this layout (offload: only those offload works with)."""
+        if dp == 1:
+            allowed = set(self.zero_single_replica)
+        else:
+            allowed = set(self.zero_stages)
+            if pp > 1:
+                allowed &= set(self.zero_with_pp)
+            if tp > 1:
+                allowed &= set(self.zero_with_tp_dp)
+        if offload:
+            allowed &= set(self.optimizer_offload_zero)
+        return tuple(sorted(allowed))
+
+
+_HF = dict(tp=False, pp=False, cp=False, ep=False, recompute=("none", "full"))
+
+CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
+    Capability(
+        "megatron", "Megatron-LM", tp=True, sequence_parallel=True, pp=True, schedules=("1f1b", "interleaved"),
+        stage_split=FIRST_LAST, cp=True, ep=True, zero_stages=(0, 1, 2, 3), zero_with_pp=(0, 1),
+        zero_single_replica=(0, 1), optimizer_offload_zero=(1, 2, 3), recompute=("none", "selective", "full"),
+        emit_target="megatron",
+        notes=("zero 1 = distributed optimizer; zero 2/3 through Megatron-FSDP (not with pp)",
+               "optimizer CPU offload needs the distributed optimizer (zero >= 1), any dp including 1")),
+    Capability(
+        "nanotron", "nanotron", tp=True, sequence_parallel=True, pp=True, schedules=("1f1b", "gpipe"),
+        stage_split=BALANCED, cp=False, ep=True, zero_stages=(0, 1), zero_with_pp=(0, 1),
+        recompute=("none", "selective", "full"), emit_target=None,
+        notes=("reads its own YAML config: no --emit target",)),
+    Capability(
+        "deepspeed", "DeepSpeed (as TRL/accelerate drive it)", **_HF, zero_stages=(0, 1, 2, 3),
+        zero_single_replica=(0, 1, 2, 3), optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,),
+        emit_target="deepspeed",
+        notes=("ZeRO-Offload on a single GPU: ZeRO runs at world size 1",)),
+    Capability(
+        "fsdp", "FSDP (as TRL/accelerate drive it)", **_HF, zero_stages=(2, 3), zero_single_replica=(2, 3),
+        optimizer_offload_zero=(3,), emit_target="fsdp",
+        notes=("zero 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; at dp 1 only with offload (fsdp_offload_params), which moves "
+               "parameters, gradients and the optimizer step to the host",)),
+    Capability(
+        "harness", "perfpredict collect's PyTorch-native harness", tp=True, sequence_parallel=True, pp=True,
+        schedules=("gpipe", "1f1b"), pp_alone=True, cp=False, ep=False, zero_stages=(0, 1, 2, 3), zero_with_pp=(0,),
+        zero_with_tp_dp=(1, 2, 3), recompute=("none", "selective", "full"), moe_sequence_parallel=False,
+        rankable=False, unrankable_why="it is the measurement harness; its rows train the fsdp model",
+        records_as="fsdp", notes=("zero 1 runs (and is recorded) as zero 2: FSDP has no ZeRO-1",)),
+    Capability(
+        "trl+deepspeed", "TRL on DeepSpeed", **_HF, zero_stages=(0, 1, 2, 3), zero_single_replica=(0, 1, 2, 3),
+        optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,), rankable=False,
+        unrankable_why="TRL is measured and modelled in issue 10; until then plans use deepspeed",
+        emit_target="deepspeed"),
+    Capability(
+        "trl+fsdp", "TRL on FSDP", **_HF, zero_stages=(2, 3), zero_single_replica=(2, 3), optimizer_offload_zero=(3,),
+        rankable=False, unrankable_why="TRL is measured and modelled in issue 10; until then plans use fsdp",
+        emit_target="fsdp"),
+]}
+# A framework with backends: `trl` is whichever backend accelerate launches.
+CAPABILITIES["trl"] = replace(CAPABILITIES["trl+deepspeed"], name="trl", display="TRL (DPOTrainer on accelerate)",
+                              backends=("trl+deepspeed", "trl+fsdp"))
+
+RANKABLE = tuple(n for n, c in CAPABILITIES.items() if c.rankable)
+
+
+def capability(name: str) -> Capability:
+    if name not in CAPABILITIES:
+        raise PerfPredictError(f"unknown framework {name!r}; accepted: {', '.join(RANKABLE)}")
+    return CAPABILITIES[name]
+
+
+def stage_layers(cap: Capability, layers: int, pp: int) -> tuple[int, ...] | None:
+    """The framework's default layers per pipeline stage, or None when it cannot split `layers` over `pp`.
+
+    EVEN: layers/pp each. BALANCED (nanotron, torchtitan): sizes differ by at most one; the extra layers go to the
+    middle stages, since the first also runs the embedding and the last the head and loss. FIRST_LAST (Megatron):
+    even when pp divides layers; otherwise the most balanced first/last counts whose remainder splits evenly over
+    the middle stages, the lighter counts on the first and last stage."""
+    if pp <= 0 or layers < pp:
+        return None
+    if pp == 1:
+        return (layers,)
+    if layers % pp == 0:
+        return (layers // pp,) * pp
+    if cap.stage_split == BALANCED:
+        base, extra = divmod(layers, pp)
+        order = sorted(range(pp), key=lambda i: (min(i, pp - 1 - i) == 0, -min(i, pp - 1 - i), i))
+        big = set(order[:extra])
+        return tuple(base + (1 if i in big else 0) for i in range(pp))
+    if cap.stage_split == FIRST_LAST and pp > 2:
+        best = None
+        for mid in range(1, layers // (pp - 2) + 1):
+            rest = layers - mid * (pp - 2)
+            for first in range(1, rest):
+                last = rest - first
+                if first > mid or last > mid:
+                    continue
+                key = (mid, abs(first - last), last)
+                if best is None or key < best[0]:
+                    best = (key, (first,) + (mid,) * (pp - 2) + (last,))
+        return best[1] if best else None
+    return None
+
+
+def _stage_problem(cap: Capability, plan: Plan, layers: int) -> str | None:
+    split = plan.stage_layers
+    if not split:
+        return None if layers % plan.pp == 0 else "uneven"
+    if len(split) != plan.pp:
+        return f"stage_layers lists {len(split)} stages but pp is {plan.pp}"
+    if sum(split) != layers:
+        return f"stage_layers sum to {sum(split)} but the model has {layers} layers"
+    if len(set(split)) == 1:
+        return None
+    if cap.stage_split == EVEN:
+        return f"{cap.display} splits layers evenly over pipeline stages (stage_layers {list(split)})"
+    if cap.stage_split == FIRST_LAST and len(set(split[1:-1])) > 1:
+        return (f"{cap.display} sets only the first and last stage's layer counts "
+                "(--decoder-first/last-pipeline-num-layers); the middle stages must be equal")
+    return None
+
+
+def why_not(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None) -> str | None:
+    """None when the framework (default: the plan's) can run the plan, else one clause saying why not.
+
+    Checks the table only; shape divisibility (tp | heads, cp | seq_len) stays with Scenario."""
+    cap = capability(framework or plan.framework)
+    who = cap.display
+    if plan.tp > 1 and not cap.tp:
+        return f"{who} has no tensor parallelism (tp={plan.tp})"
+    if plan.pp > 1 and not cap.pp:
+        return f"{who} has no pipeline parallelism (pp={plan.pp})"
+    if plan.cp > 1 and not cap.cp:
+        return f"{who} has no context parallelism (cp={plan.cp})"
+    if plan.ep > 1 and not cap.ep:
+        return f"{who} has no expert parallelism (ep={plan.ep})"
+    if plan.sequence_parallel and not cap.sequence_parallel:
+        return f"{who} has no sequence parallelism"
+    if plan.pp > 1 and cap.pp_alone and (plan.tp > 1 or plan.dp > 1):
+        return f"{who} builds pipeline parallelism alone (tp = dp = 1)"
+    if plan.recompute not in cap.recompute:
+        if plan.recompute == "selective":
+            return ("selective recompute is Megatron/nanotron only; HF gradient checkpointing recomputes whole "
+                    "layers (use recompute full)")
+        return f"{who} has no {plan.recompute} recompute; accepted: {', '.join(cap.recompute)}"
+    if plan.pp > 1 and plan.schedule not in cap.schedules:
+        if plan.schedule == "gpipe":
+            return f"{who} has no GPipe schedule (use {' or '.join(cap.schedules)})"
+        return f"{who} has no {plan.schedule} schedule; accepted: {', '.join(cap.schedules)}"
+    if (plan.pp > 1 and plan.schedule == "interleaved" and cap.interleaved_needs_ga_multiple
+            and plan.grad_accum % plan.pp):
+        return (f"{who}'s interleaved schedule needs the micro-batches per step (grad_accum {plan.grad_accum}) to be a "
+                f"multiple of pp ({plan.pp})")
+    zeros = cap.zero_choices(tp=plan.tp, pp=plan.pp, dp=plan.dp, offload=False)
+    if plan.zero not in zeros:
+        where = ("one data-parallel replica" if plan.dp == 1 else "pipeline parallelism" if plan.pp > 1 and
+                 plan.zero not in cap.zero_with_pp else "tp x dp" if plan.tp > 1 and plan.zero not in
+                 cap.zero_with_tp_dp else "data parallelism")
+        if cap.name in ("fsdp", "trl+fsdp"):
+            return ("FSDP shards gradients and optimizer state at least: zero must be 2 (SHARD_GRAD_OP) or 3 "
+                    f"(FULL_SHARD), got {plan.zero}")
+        return f"{who} runs zero {', '.join(map(str, zeros)) or 'none'} with {where}, not zero {plan.zero}"
+    if plan.optimizer_offload and plan.zero not in cap.optimizer_offload_zero:
+        if not cap.optimizer_offload_zero:
+            return f"{who} has no optimizer offload"
+        if cap.name in ("deepspeed", "trl+deepspeed") and plan.zero == 0:
+            return "DeepSpeed optimizer offload needs ZeRO stage 1 or more (plan has zero 0)"
+        return (f"{who} offloads the optimizer only with zero {', '.join(map(str, cap.optimizer_offload_zero))} "
+                f"(plan has zero {plan.zero})")
+    if plan.param_offload:
+        if plan.zero not in cap.param_offload_zero:
+            return (f"{who} has no parameter offload" if not cap.param_offload_zero else
+                    f"{who} offloads parameters only with zero {', '.join(map(str, cap.param_offload_zero))}")
+        if not plan.optimizer_offload:
+            return "parameter offload needs optimizer offload too (ZeRO-Infinity offloads both)"
+    if model is not None:
+        if plan.ep > 1:
+            if not model.is_moe:
+                return f"ep={plan.ep} needs a mixture-of-experts model ({model.name} is dense)"
+            if model.experts % plan.ep:
+                return f"ep ({plan.ep}) must divide the model's {model.experts} experts"
+            if plan.dp % plan.ep:
+                return f"ep ({plan.ep}) must divide dp ({plan.dp}): expert groups are carved out of data parallelism"
+        if model.is_moe and plan.sequence_parallel and not cap.moe_sequence_parallel:
+            return f"{who} does not build MoE with sequence parallel"
+        if plan.pp > model.layers:
+            return f"pp ({plan.pp}) exceeds the model's {model.layers} layers"
+        if plan.pp > 1:
+            problem = _stage_problem(cap, plan, model.layers)
+            if problem == "uneven":
+                if cap.stage_split == EVEN:
+                    return f"pp ({plan.pp}) does not divide the model's {model.layers} layers and {who} splits evenly"
+                split = stage_layers(cap, model.layers, plan.pp)
+                if split is None:
+                    return f"{who} cannot split {model.layers} layers over {plan.pp} stages"
+                if cap.stage_split == FIRST_LAST:
+                    return (f"pp ({plan.pp}) does not divide {model.layers} layers: {who} needs the split given "
+                            f"(--decoder-first/last-pipeline-num-layers), e.g. stage_layers {list(split)}")
+            elif problem:
+                return problem
+            if plan.schedule == "interleaved" and plan.virtual_stages > 1:
+                split = plan.stage_layers or (model.layers // plan.pp,) * plan.pp
+                if any(n % plan.virtual_stages for n in split):
+                    return (f"interleaved schedule needs every stage's layers divisible by the virtual stages "
+                            f"({plan.virtual_stages}); stages hold {sorted(set(split))}")
+    return None
+
+
+def check(plan: Plan, model: ModelSpec | None = None) -> None:
+    """Raise PerfPredictError naming why the plan's framework cannot run it."""
+    reason = why_not(plan, model)
+    if reason:
+        raise PerfPredictError(f"{plan.framework} cannot run {plan.label()}: {reason}")
+
+
+def table_rows() -> list[dict[str, object]]:
+    """The table as rows (README / `perfpredict frameworks`)."""
+    out = []
+    for c in CAPABILITIES.values():
+        out.append({"framework": c.name, "tp": c.tp, "sp": c.sequence_parallel, "pp": c.pp,
+                    "schedules": "/".join(c.schedules) if c.pp else "-", "stage split": c.stage_split if c.pp else "-",
+                    "cp": c.cp, "ep": c.ep, "zero (dp>1)": "/".join(map(str, c.zero_stages)),
+                    "zero (dp=1)": "/".join(map(str, c.zero_single_replica)),
+                    "optimizer offload (zero)": "/".join(map(str, c.optimizer_offload_zero)) or "-",
+                    "param offload (zero)": "/".join(map(str, c.param_offload_zero)) or "-",
+                    "recompute": "/".join(c.recompute), "ranked": c.rankable, "emit": c.emit_target or "-"})
+    return out
