@@ -69,11 +69,21 @@ def evaluate_cmd(
     subset: Annotated[int, typer.Option(help="evaluate on a random subset of N runs (quick check)")] = 0,
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the metric tables as JSON")] = None,
+    phase: Annotated[str, typer.Option(help="train | generate (the vLLM generation model)")] = "train",
+    save: Annotated[bool, typer.Option(help="generate: save the model fitted on all rows as the shipped one")] = False,
 ) -> None:
     """Held-out accuracy: leave-one-model-out per source, leave-one-hardware-out per hardware.
 
     Step-time MAPE, median and p90 APE, peak-memory errors, OOM accuracy, ranking Spearman and top-1 regret, each
     beside the composition-only and analytic baselines."""
+    if phase == "generate":
+        from perfpredict.predictor.generate_cli import run_evaluate
+
+        return run_evaluate(data=data, seed=seed, save=save, json_out=json_out)
+    if phase != "train":
+        from perfpredict.core.errors import PerfPredictError
+
+        raise PerfPredictError(f"unknown --phase {phase!r}; accepted: train, generate")
     from perfpredict.train.evaluate import evaluate, plot_predicted_vs_measured
 
     with _progress() as prog:
