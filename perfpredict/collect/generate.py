@@ -100,7 +100,8 @@ class Session:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def plan_groups(*, groups: int, seed: int = 0, shapes: tuple[str, ...] | None = None) -> list[list[Session]]:
+def plan_groups(*, groups: int, seed: int = 0, shapes: tuple[str, ...] | None = None,
+                layouts: tuple[tuple[int, int], ...] = LAYOUTS) -> list[list[Session]]:
     """`groups` groups of sessions (one per layout), cycling through the shapes so each appears early."""
     keys = list(shapes or SHAPES)
     for k in keys:
@@ -124,7 +125,7 @@ def plan_groups(*, groups: int, seed: int = 0, shapes: tuple[str, ...] | None = 
         gid = f"g{seed}-{g:03d}"
         out.append([Session(group=gid, shape=shape.key, tp=tp, replicas=r, max_num_seqs=mns,
                             kv_cache_memory_bytes=kv_bytes, prefix_caching=prefix, max_model_len=mnl,
-                            workloads=tuple(items)) for tp, r in LAYOUTS])
+                            workloads=tuple(items)) for tp, r in layouts])
     return out
 
 
@@ -371,7 +372,7 @@ def run_session(sess: Session, *, python: str, models_root: Path, log_dir: Path,
 def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: int = 0, repeats: int = 2,
                      python: str | None = None, shapes: tuple[str, ...] | None = None, command: str = "",
                      start_timeout_s: float = 300.0, timeout_s: float = 300.0, max_retries: int = 1,
-                     progress: bool = True) -> Path:
+                     progress: bool = True, layouts: tuple[tuple[int, int], ...] = LAYOUTS) -> Path:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -387,7 +388,7 @@ def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: in
     log_dir.mkdir(parents=True, exist_ok=True)
     models_root = Path(tempfile.gettempdir()) / "perfpredict-generate-models"
     done = set(pl.read_parquet(path, columns=["run_id"])["run_id"].to_list()) if path.exists() else set()
-    plan = plan_groups(groups=groups, seed=seed, shapes=shapes)
+    plan = plan_groups(groups=groups, seed=seed, shapes=shapes, layouts=layouts)
     sessions = [s for g in plan for s in g]
     total = sum(repeats * len(s.workloads) for s in sessions)
     left = sum(1 for s in sessions for r in range(repeats) for w in range(len(s.workloads))
