@@ -12,9 +12,9 @@ Per replica (replicas split the prompts evenly and run side by side; the slowest
    memory-bound op; prefill: the attention family), norms/activation/residual, two TP all-reduces; the output head
    and, with TP, the logits gather. Pipeline parallelism: pp micro-batches of B/pp in flight, each through L/pp
    layers, plus a send per stage boundary.
-3. A learned layer, fitted only on measured vLLM rows (collect generate): wall = a x kernels + c_step x steps +
-   c_token x tokens (+ the same two again when every core runs an engine rank, so the engine's host processes
-   stop overlapping the compute), by non-negative least squares on relative error: the engine's per-step
+3. A learned layer, fitted only on measured vLLM rows (collect generate): wall = (a x kernels + c_step x steps +
+   c_token x tokens) x oversubscription (on CPUs each replica needs its compute cores plus about one core of host
+   work; beyond the cores everything stretches), by non-negative least squares on relative error: the engine's per-step
    scheduling and per-token bookkeeping that kernel timings do not show. Then a small gradient-boosted correction of
    log(measured / that), clipped to the range of its training residuals and shrunk to zero outside the training
    domain (distance past each feature's seen range), so it cannot run away where it has no data. On GPUs, which no
@@ -175,8 +175,9 @@ def compose(scs: list[GenScenario], *, kernels=None) -> pl.DataFrame:
         row: dict[str, Any] = {"fits": cap.fits, "reason": cap.reason, "kv_capacity_tokens": cap.logged_tokens,
                                "kv_pool_tokens": cap.pool_tokens, "kv_blocks": cap.num_blocks,
                                "weights_gib_per_rank": cap.weights_bytes / 2**30, "is_cpu": is_cpu(sc.cluster.gpu),
-                               # every core runs an engine rank: the host processes share them (CPU only)
-                               "host_contended": is_cpu(sc.cluster.gpu) and lay.gpus >= sc.cluster.gpus}
+                               # CPU only: replicas x (tp compute cores + ~1 core of host work) over the cores
+                               "oversubscription": max(1.0, lay.replicas * (lay.tp * lay.pp + 1) / sc.cluster.gpus)
+                               if is_cpu(sc.cluster.gpu) else 1.0}
         if s is not None:
             dec, pre = per.get((i, "decode"), 0.0), per.get((i, "prefill"), 0.0)
             kern = s.decode_steps * dec + s.prefill_chunks * pre
@@ -201,17 +202,20 @@ class GenerationModel:
 
     @staticmethod
     def _terms(comp: pl.DataFrame) -> np.ndarray:
-        """Columns of the linear base: kernels, steps, tokens, and steps/tokens again where the engine's host
-        processes (front end, scheduler) have no spare core and so stop overlapping the compute."""
+        """Columns of the linear base (per replica: kernels, steps, tokens), each scaled by the CPU oversubscription:
+        a replica needs its tp compute cores plus about one core of host work (front end, scheduler, output
+        handling); when replicas x (tp + 1) exceeds the cores, everything stretches by that ratio."""
         st = comp["steps"].to_numpy().astype(float)
         tok = comp["tokens"].to_numpy().astype(float)
-        busy = comp["host_contended"].to_numpy().astype(float)
-        return np.column_stack([comp["kernel_s"].to_numpy(), st, tok, busy * st, busy * tok])
+        over = comp["oversubscription"].to_numpy().astype(float)
+        return np.column_stack([comp["kernel_s"].to_numpy(), st, tok]) * over[:, None]
 
     def base(self, comp: pl.DataFrame) -> np.ndarray:
         A = self._terms(comp)
         cpu = comp["is_cpu"].to_numpy().astype(bool)
-        return np.where(cpu, A @ np.asarray(self.coef_), A[:, 0] + GPU_STEP_OVERHEAD_S * A[:, 1])
+        k = comp["kernel_s"].to_numpy()
+        st = comp["steps"].to_numpy().astype(float)
+        return np.where(cpu, A @ np.asarray(self.coef_), k + GPU_STEP_OVERHEAD_S * st)
 
     def _X(self, comp: pl.DataFrame, base: np.ndarray) -> np.ndarray:
         return np.column_stack([np.log10(np.maximum(base, 1e-9))] +
@@ -259,7 +263,7 @@ class GenerationModel:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.gb_.save_model(out / "correction.json")
-        meta = {"kind": "perfpredict.generation", "version": 2, "features": list(FEATURES), "coef": self.coef_,
+        meta = {"kind": "perfpredict.generation", "version": 3, "features": list(FEATURES), "coef": self.coef_,
                 "lo": self.lo_.tolist(), "hi": self.hi_.tolist(), "clip": self.clip_, "interval": self.interval_,
                 "training": getattr(self, "training_", {})}
         (out / "metadata.json").write_text(json.dumps(meta, indent=1))
@@ -275,7 +279,7 @@ class GenerationModel:
         except (OSError, json.JSONDecodeError) as e:
             raise PerfPredictError(f"no generation model at {path}: {e}; train it with "
                                    "`perfpredict evaluate --phase generate --save`") from None
-        if (meta.get("kind") != "perfpredict.generation" or meta.get("version") != 2
+        if (meta.get("kind") != "perfpredict.generation" or meta.get("version") != 3
                 or meta.get("features") != list(FEATURES)):
             raise PerfPredictError(f"{path} holds a generation model for other features; retrain it")
         m = cls()
