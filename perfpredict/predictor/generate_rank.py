@@ -85,7 +85,7 @@ def rank_generate(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, 
     scs = [GenScenario(model=model, cluster=cluster, workload=workload, layout=lay) for lay in lays]
     df = predict_generation(scs, model=gen_model)
     for r in df.filter(~pl.col("fits")).iter_rows(named=True):
-        rej[r["reason"].split(" per ")[0] if r["reason"] else "does not fit"] += 1
+        rej[f"{r['layout'].split(' mns')[0]}: {r['reason'] or 'does not fit'}"] += 1
     df = df.sort(["fits", "output_tokens_per_s"], descending=[True, True], nulls_last=True)
     df = df.with_columns(rank=pl.int_range(1, df.height + 1))
     return GenRanking(model=model, cluster=cluster, workload=workload, table=df, rejections=rej)
