@@ -194,3 +194,24 @@ def test_evaluate_generate_cli():
         pytest.skip("no generate rows committed")
     assert r.exit_code == 0, r.output
     assert "KV capacity vs the engine's log line" in r.output and "held-out" in r.output
+
+
+def test_generation_prediction_needs_no_torch(no_torch):
+    from perfpredict.core.generate import GenScenario as GS
+    from perfpredict.predictor.generate import predict_generation
+
+    sc = GS.from_dict({"phase": "generate", "model": "llama-3.2-1b", "hardware": {"gpu": "a100-sxm-80gb", "gpus": 2},
+                       "workload": {"prompts": 64, "input_len": 128, "output_len": 128}, "layout": {"tp": 1}})
+    assert sc.layout.replicas == 2
+    out = predict_generation([sc])
+    assert out["fits"][0] and out["output_tokens_per_s"][0] > 0
+
+
+def test_emitted_offline_script_compiles(tmp_path):
+    from perfpredict.predictor.generate_rank import emit_vllm
+
+    r = rank_generate(model=get_model("llama-3.1-8b"), cluster=Cluster(gpu=get_gpu("a100-sxm-80gb"), gpus_per_node=4),
+                      workload=GenWorkload(prompts=100, input_len=256, output_len=256))
+    paths = emit_vllm(r, model_id="meta-llama/Llama-3.1-8B-Instruct", out_dir=tmp_path)
+    compile((tmp_path / "generate_offline.py").read_text(), "generate_offline.py", "exec")
+    assert len(paths) == 3
