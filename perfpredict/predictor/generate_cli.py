@@ -158,6 +158,22 @@ def run_evaluate(*, data: Path, seed: int, save: bool, json_out: Path | None) ->
                   f"{100 * s['median_ape']:.1f}%", f"{100 * s['mape_without_correction']:.1f}%",
                   f"{100 * s['best_exact']:.0f}%", f"{100 * s['best_within_5pct']:.0f}%", str(s["cases"]))
     console.print(t)
+    vidur = next((p for p in (Path("../shared/data/public/vidur"), data / "public" / "vidur-csv")
+                  if (p / "data" / "profiling").is_dir()), None)
+    if vidur is not None:
+        from perfpredict.train.generate import vidur_decode_layer_check
+
+        v = vidur_decode_layer_check(vidur)
+        agg = (v.group_by("gpu").agg(pl.len().alias("n"), pl.col("ratio").median().alias("median"),
+                                     (pl.col("ratio") - 1).abs().mean().alias("mape"),
+                                     (pl.col("ratio") - 1).abs().quantile(0.9).alias("p90"))
+               .sort("gpu"))
+        t = Table("gpu", "layers x tp x tokens", "median composed/measured", "mean |error|", "p90 |error|",
+                  title=f"GPU decode layer (GEMMs, norms, activation, residual) vs Vidur's per-op profiles ({vidur})")
+        for r in agg.iter_rows(named=True):
+            t.add_row(r["gpu"], str(r["n"]), f"{r['median']:.3f}", f"{100 * r['mape']:.1f}%", f"{100 * r['p90']:.1f}%")
+        console.print(t)
+        res["vidur_decode_layer"] = agg.to_dicts()
     if json_out:
         json_out.write_text(json.dumps(res, indent=1, default=str))
     if save:

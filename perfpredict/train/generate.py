@@ -152,3 +152,67 @@ def evaluate(root: Path | str = "datasets", *, seed: int = 0) -> dict[str, Any]:
                                                "mean_rel_err": float(kv_err.mean())},
             "rows": raw.height, "configs": comp.height, "ok_rows": raw.filter(pl.col("outcome") == "ok").height,
             "repeat_cv_median": full.training_["repeat_cv_median"], "model": full}
+
+
+VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+             "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+
+
+def vidur_decode_layer_check(root: Path | str, *, tokens: tuple[int, ...] = (1, 8, 32, 128, 512)) -> pl.DataFrame:
+    """The GPU side of the decode step against Vidur's measured per-layer inference ops (shared/data/public/vidur,
+    compute/<gpu>/<model>/mlp.csv: one layer's GEMMs, norms, rotary, activation and residual at num_tokens rows,
+    per TP shard). Returns composed / measured per (gpu, model, tp, tokens): how far the layer part of
+    predictor.generate's decode step is from a real serving stack's kernels at decode shapes (attention excluded:
+    Vidur's attention.csv files are not in the snapshot)."""
+    from perfpredict.predictor.generate import _kernel_rows, default_kernels
+
+    root = Path(root)
+    files = sorted(root.glob("data/profiling/compute/*/*/*/mlp.csv"))
+    if not files:
+        raise PerfPredictError(f"no vidur mlp.csv under {root}")
+    gpus = {"a100": "a100-sxm-80gb", "h100": "h100-sxm-80gb", "a40": "a40"}
+    out = []
+    for f in files:
+        gpu = gpus.get(f.parts[-4])
+        if gpu is None:
+            continue
+        df = pl.read_csv(f).filter(pl.col("num_tokens").is_in(list(tokens)))
+        for r in df.iter_rows(named=True):
+            tp = int(r["num_tensor_parallel_workers"])
+            h, a, kv = int(r["n_embd"]), int(r["n_head"]), int(r["n_kv_head"])
+            if a % tp:
+                continue
+            m = ModelSpec(name=f.parts[-2], layers=1, hidden=h, heads=a, kv_heads=kv, ffn=int(r["n_expanded_embd"]),
+                          vocab=int(r["vocab_size"]))
+            measured = sum(float(r.get(f"time_stats.{op}.median") or 0.0) for op in VIDUR_OPS) / 1e3
+            out.append({"gpu": gpu, "model": f.parts[-2], "tp": tp, "tokens": int(r["num_tokens"]),
+                        "measured_s": measured, "_m": m})
+    if not out:
+        raise PerfPredictError("no usable vidur rows")
+    rows, keys = [], []
+    for i, o in enumerate(out):
+        sc = GenScenario(model=o["_m"], cluster=Cluster(gpu=get_gpu(o["gpu"]), gpus_per_node=8),
+                         workload=GenWorkload(prompts=o["tokens"], input_len=16, output_len=16),
+                         layout=GenLayout(tp=o["tp"], replicas=1))
+        from perfpredict.predictor.generate import Schedule
+
+        s = Schedule(requests=o["tokens"], batch=float(o["tokens"]), waves=1, decode_steps=1, ctx=16.0,
+                     prefill_tokens=16.0, chunk_tokens=16.0, prefill_chunks=1, kv_pressure=0.0)
+        for k in _kernel_rows(sc, s, i):
+            if k["part"] == "decode" and k["op"] in ("gemm", "rmsnorm", "swiglu", "add") and k.get("m", 1) != 0:
+                if k["op"] == "gemm" and k["n"] == max(1, o["_m"].vocab // o["tp"]):
+                    continue  # the output head is not in Vidur's per-layer table
+                rows.append(k)
+        keys.append(i)
+    kdf = pl.DataFrame(rows, infer_schema_length=None)
+    for col in ("m", "n", "k", "batch", "heads", "kv_heads", "seq_len", "head_dim", "numel", "bytes", "world_size",
+                "ranks_per_node"):
+        if col not in kdf.columns:
+            kdf = kdf.with_columns(pl.lit(None, dtype=pl.Int64).alias(col))
+        kdf = kdf.with_columns(pl.col(col).cast(pl.Int64))
+    t = default_kernels().predict(kdf.drop("scenario", "part", "mult"))
+    comp = kdf.with_columns(t=pl.Series(t) * pl.col("mult")).group_by("scenario").agg(pl.col("t").sum())
+    by = dict(zip(comp["scenario"].to_list(), comp["t"].to_list(), strict=True))
+    res = pl.DataFrame([{k: v for k, v in o.items() if k != "_m"} | {"composed_s": by.get(i, float("nan"))}
+                        for i, o in enumerate(out)])
+    return res.with_columns(ratio=pl.col("composed_s") / pl.col("measured_s"))
