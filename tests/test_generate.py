@@ -119,6 +119,10 @@ def test_rank_generate_cli_table_json_emit(tmp_path):
     rows = json.loads(r.output)
     fit = [x for x in rows if x["fits"]]
     assert fit and fit[0]["output_tokens_per_s"] == max(x["output_tokens_per_s"] for x in fit)
+    png = tmp_path / "layouts.png"
+    r = runner.invoke(app, [*args, "--plot", str(png), "--csv", str(tmp_path / "r.csv")])
+    assert r.exit_code == 0, r.output
+    assert png.stat().st_size > 1000 and pl.read_csv(tmp_path / "r.csv").height == len(rows)
     r = runner.invoke(app, [*args, "--emit", "deepspeed"])
     assert r.exit_code == 2 and "emits: vllm" in r.output
 
