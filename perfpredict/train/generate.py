@@ -83,7 +83,7 @@ def _predict(model: GenerationModel, comp: pl.DataFrame) -> pl.DataFrame:
 
 def best_layout_agreement(pred: pl.DataFrame) -> dict[str, float]:
     """Per (group, workload) measured under >= 2 layouts: is the predicted best the measured best, or within 5 %?"""
-    hits, near, n = 0, 0, 0
+    hits, near, n, regret = 0, 0, 0, []
     for _, g in pred.group_by("group_id", "workload_index"):
         if g.height < 2:
             continue
@@ -92,7 +92,10 @@ def best_layout_agreement(pred: pl.DataFrame) -> dict[str, float]:
         mb = g["output_tokens_per_s"].max()
         hits += int(pb["output_tokens_per_s"] == mb)
         near += int(pb["output_tokens_per_s"] >= 0.95 * mb)
-    return {"cases": n, "best_exact": hits / n if n else float("nan"), "best_within_5pct": near / n if n else float("nan")}
+        regret.append(1 - pb["output_tokens_per_s"] / mb)
+    nan = float("nan")
+    return {"cases": n, "best_exact": hits / n if n else nan, "best_within_5pct": near / n if n else nan,
+            "mean_regret": float(np.mean(regret)) if regret else nan}
 
 
 def _score(comp: pl.DataFrame, tr: pl.Expr, te: pl.Expr, seed: int) -> tuple[pl.DataFrame, pl.DataFrame] | None:
