@@ -219,3 +219,11 @@ def test_emitted_offline_script_compiles(tmp_path):
     paths = emit_vllm(r, model_id="meta-llama/Llama-3.1-8B-Instruct", out_dir=tmp_path)
     compile((tmp_path / "generate_offline.py").read_text(), "generate_offline.py", "exec")
     assert len(paths) == 3
+
+
+def test_collect_generate_bad_input_is_one_line():
+    pytest.importorskip("torch")
+    r = runner.invoke(app, ["collect", "generate", "--shapes", "nope", "--python", "/bin/false"])
+    assert r.exit_code == 2 and "unknown generate shape 'nope'" in r.output
+    r = runner.invoke(app, ["collect", "generate", "--python", "/bin/false"])
+    assert r.exit_code == 2 and "vLLM is not importable" in r.output

