@@ -163,8 +163,18 @@ def _space(frameworks: object) -> PlanSpace:
 
 
 def predict(scenario: Scenario | dict, *, predictor: Path | str | None = None):
-    """One Prediction (step_time_s, tokens_per_s, samples_per_s, peak_memory_gib, fits, intervals, breakdown)."""
+    """One Prediction (step_time_s, tokens_per_s, samples_per_s, peak_memory_gib, fits, intervals, breakdown).
+
+    A `"phase": "generate"` scenario (core.generate) returns a dict instead: output_tokens_per_s,
+    total_tokens_per_s, kv_capacity_tokens (per replica), time_to_generate_s, fits, with 90% intervals."""
+    from perfpredict.core.generate import GenScenario, is_generate
     from perfpredict.predictor.predict import predict as _predict
+
+    if is_generate(scenario) or isinstance(scenario, GenScenario):
+        from perfpredict.predictor.generate import predict_generation
+
+        sc = scenario if isinstance(scenario, GenScenario) else GenScenario.from_dict(scenario)
+        return predict_generation([sc]).to_dicts()[0]
 
     return _predict(scenario, bundle=_bundle(predictor))
 

@@ -71,6 +71,32 @@ def runs(plans: int = typer.Option(20, "--plans", help="Number of sampled plans 
               command=_command(), max_retries=retries)
 
 
+@app.command()
+def generate(groups: int = typer.Option(14, "--groups", help="Groups to measure; each group is one model shape, "
+                                        "engine knobs and 4 workloads, timed under every layout of the cores."),
+             repeats: int = typer.Option(2, "--repeats", help="Timings of each workload per engine start."),
+             shapes: list[str] | None = typer.Option(None, "--shapes", help="Model shapes (repeatable); default all."),
+             out: Path | None = typer.Option(None, "--out", help="Folder for generate.parquet "
+                                             "(default datasets/ours/<hardware hash>)."),
+             python: str | None = typer.Option(None, "--python", help="Interpreter with vLLM installed (default "
+                                               "$PERFPREDICT_VLLM_PYTHON or this one)."),
+             seed: int = typer.Option(0, "--seed", help="Seed of the group sampling (same seed resumes)."),
+             timeout: float = typer.Option(300.0, "--timeout", help="Seconds for an engine start or a workload "
+                                           "before it is recorded as a timeout.")) -> None:
+    """Time the real vLLM engine generating (TP, replicas, max_num_seqs, KV space, prefix caching, lengths, n)
+    -> generate.parquet (resumable)."""
+    import signal
+
+    from perfpredict.collect.generate import collect_generate
+
+    if timeout <= 0:
+        raise PerfPredictError(f"--timeout must be positive, got {timeout}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    path = collect_generate(groups=groups, repeats=repeats, shapes=tuple(shapes) if shapes else None, out_dir=out,
+                            python=python, seed=seed, command=_command(), start_timeout_s=timeout, timeout_s=timeout)
+    typer.echo(f"rows in {path}")
+
+
 def main() -> None:  # standalone use: python -m perfpredict.collect.cli
     try:
         app()

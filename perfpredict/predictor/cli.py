@@ -89,10 +89,33 @@ def rank_cmd(
     emit: Annotated[str | None, typer.Option(help="deepspeed | fsdp | megatron | torchrun: configs for #1")] = None,
     emit_dir: Annotated[Path, typer.Option(help="where --emit writes")] = Path("perfpredict-plan"),
     predictor: Annotated[Path | None, typer.Option(help="a trained predictor folder (default: the shipped one)")] = None,
+    phase: Annotated[str, typer.Option(help="train | generate (vLLM layouts) | iteration (online DPO split)")] = "train",
+    prompts: Annotated[int, typer.Option(help="generate/iteration: prompts to generate for")] = 0,
+    samples_per_prompt: Annotated[int, typer.Option(help="generate/iteration: responses per prompt (n)")] = 1,
+    input_len: Annotated[int, typer.Option(help="generate/iteration: prompt tokens")] = 512,
+    output_len: Annotated[int, typer.Option(help="generate/iteration: tokens generated per response")] = 512,
+    max_num_seqs: Annotated[list[int] | None, typer.Option(help="generate: only these max_num_seqs (repeatable)")] = None,
+    kv_space_gib: Annotated[float | None, typer.Option(help="generate on CPU: VLLM_CPU_KVCACHE_SPACE per rank")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(help="generate: vLLM's gpu_memory_utilization")] = 0.9,
 ) -> None:
-    """Rank every legal plan by predicted throughput; drop those predicted not to fit."""
+    """Rank every legal plan by predicted throughput; drop those predicted not to fit.
+
+    --phase generate ranks vLLM layouts (TP, PP, replicas, max_num_seqs) by generation throughput; --phase
+    iteration splits the GPUs between generation and DPO training."""
     from perfpredict.api import rank_report
     from perfpredict.predictor.emit import TARGETS
+
+    if phase != "train":
+        from perfpredict.predictor.generate_cli import run_rank
+
+        if gpus == "auto" or not gpus.isdigit():
+            raise PerfPredictError(f"--phase {phase} needs --gpus N, got {gpus!r}")
+        return run_rank(model=model, gpu=gpu, gpus=int(gpus), gpus_per_node=gpus_per_node, phase=phase,
+                        prompts=prompts, samples_per_prompt=samples_per_prompt, input_len=input_len,
+                        output_len=output_len, precision=precision, max_num_seqs=max_num_seqs,
+                        kv_space_gib=kv_space_gib, gpu_memory_utilization=gpu_memory_utilization,
+                        global_batch=global_batch, top=top, explain_=explain, json_out=json_out, csv_out=csv_out,
+                        plot=plot, emit=emit, emit_dir=emit_dir, predictor=predictor)
 
     if json_out == "-" and csv_out == "-":
         raise PerfPredictError("--json - and --csv - both write to stdout: give one of them a file name")
@@ -163,11 +186,24 @@ def predict_cmd(
     json_out: Annotated[str | None, typer.Option("--json", help=JSON_HELP)] = None,
     predictor: Annotated[Path | None, typer.Option(help="a trained predictor folder")] = None,
 ) -> None:
-    """One answer per scenario, in order: its prediction, or its error (exit code 2 if any scenario is invalid)."""
+    """One answer per scenario, in order: its prediction, or its error (exit code 2 if any scenario is invalid).
+    Training scenarios, or `"phase": "generate"` ones (a file holds one kind)."""
     from perfpredict.api import predict_file_items
+    from perfpredict.core.generate import is_generate
+    from perfpredict.core.scenario import load_scenarios
 
     if json_out not in (None, "-"):
         writable_file("--json", json_out, not_same_as=file)
+    try:
+        dicts = load_scenarios(file)
+    except PerfPredictError:
+        dicts = []  # a bad line: predict_file_items answers every line, the bad ones with their error
+    if any(is_generate(d) for d in dicts if isinstance(d, dict)):
+        from perfpredict.predictor.generate_cli import predict_generate_dicts, print_predictions
+
+        if not all(isinstance(d, dict) and is_generate(d) for d in dicts):
+            raise PerfPredictError(f"{file} mixes generation and training scenarios; put them in separate files")
+        return print_predictions(predict_generate_dicts(dicts), json_out)
     answers = predict_file_items(path=file, predictor=predictor)
     bad = [it for it, _ in answers if it.error]
     if len(answers) == 1 and bad and not json_out:

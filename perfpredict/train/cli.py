@@ -81,12 +81,22 @@ def evaluate_cmd(
     subset: Annotated[int, typer.Option(help="evaluate on a random subset of N runs (quick check)")] = 0,
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the metric table as JSON")] = None,
+    phase: Annotated[str, typer.Option(help="train | generate (the vLLM generation model)")] = "train",
+    save: Annotated[bool, typer.Option(help="generate: save the model fitted on all rows as the shipped one")] = False,
 ) -> None:
     """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, and the
     untouched test partition (each source's largest model).
 
     Step-time MAPE, median and p90 APE beside the composition-only and analytic baselines, 90%-interval coverage,
     mean applicability of the correction, peak-memory errors, false-OOM rate, ranking Spearman and top-1 regret."""
+    if phase == "generate":
+        from perfpredict.predictor.generate_cli import run_evaluate
+
+        return run_evaluate(data=data, seed=seed, save=save, json_out=json_out)
+    if phase != "train":
+        from perfpredict.core.errors import PerfPredictError
+
+        raise PerfPredictError(f"unknown --phase {phase!r}; accepted: train, generate")
     from perfpredict.train.evaluate import SPLITS, evaluate, plot_predicted_vs_measured
     from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS
 

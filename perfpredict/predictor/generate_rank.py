@@ -1,0 +1,253 @@
+"""Rank vLLM layouts for the generation phase, emit what runs the best, and split GPUs for online DPO.
+
+Layouts of G devices: TP t (dividing the attention heads, within a node), PP p (at most the layers), replicas
+G // (t x p) (every device used: an idle device never helps generation), max_num_seqs from the engine default and
+a few common values. Each is predicted by predictor.generate; a layout whose weights + activations leave no KV space
+or whose KV pool cannot hold one request of max_model_len is dropped with that reason, as vLLM refuses to start."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
+from perfpredict.core.hardware import Cluster
+from perfpredict.core.model import ModelSpec
+from perfpredict.features.generate import default_max_num_seqs, is_cpu
+
+MNS_CANDIDATES = (64, 256, 1024)
+
+
+@dataclass
+class GenRanking:
+    model: ModelSpec
+    cluster: Cluster
+    workload: GenWorkload
+    table: pl.DataFrame                       # every candidate, fitting or not, best first
+    rejections: Counter = field(default_factory=Counter)
+
+    @property
+    def fitting(self) -> pl.DataFrame:
+        return self.table.filter(pl.col("fits"))
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int] | None = None,
+                      gpu_memory_utilization: float = 0.9, kv_space_gib: float | None = None,
+                      max_model_len: int | None = None, prefix_caching: bool = True,
+                      rej: Counter | None = None) -> list[GenLayout]:
+    rej = rej if rej is not None else Counter()
+    G = cluster.gpus
+    out = []
+    for tp in _pow2_upto(min(G, cluster.gpus_per_node)):
+        if m.heads % tp:
+            rej[f"tp {tp} does not divide the {m.heads} attention heads"] += 1
+            continue
+        for pp in _pow2_upto(G // tp):
+            if pp > m.layers:
+                rej["pp exceeds the layers"] += 1
+                continue
+            reps = G // (tp * pp)
+            default = default_max_num_seqs(cluster.gpu, tp * pp)
+            for mns in sorted(set(max_num_seqs or [*MNS_CANDIDATES, default])):
+                out.append(GenLayout(tp=tp, pp=pp, replicas=reps, max_num_seqs=mns,
+                                     gpu_memory_utilization=gpu_memory_utilization,
+                                     kv_space_gib=kv_space_gib if is_cpu(cluster.gpu) else None,
+                                     max_model_len=max_model_len, prefix_caching=prefix_caching))
+    return out
+
+
+def rank_generate(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, max_num_seqs: list[int] | None = None,
+                  gpu_memory_utilization: float = 0.9, kv_space_gib: float | None = None,
+                  max_model_len: int | None = None, prefix_caching: bool = True, gen_model=None) -> GenRanking:
+    from perfpredict.predictor.generate import predict_generation
+
+    rej: Counter = Counter()
+    lays = enumerate_layouts(model, cluster, max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
+                             kv_space_gib=kv_space_gib, max_model_len=max_model_len, prefix_caching=prefix_caching,
+                             rej=rej)
+    if not lays:
+        raise PerfPredictError(f"no layout of {cluster.gpus} devices is legal for {model.name}: "
+                               + "; ".join(rej))
+    scs = [GenScenario(model=model, cluster=cluster, workload=workload, layout=lay) for lay in lays]
+    df = predict_generation(scs, model=gen_model)
+    for r in df.filter(~pl.col("fits")).iter_rows(named=True):
+        rej[f"{r['layout'].split(' mns')[0]}: {r['reason'] or 'does not fit'}"] += 1
+    df = df.sort(["fits", "output_tokens_per_s"], descending=[True, True], nulls_last=True)
+    df = df.with_columns(rank=pl.int_range(1, df.height + 1))
+    return GenRanking(model=model, cluster=cluster, workload=workload, table=df, rejections=rej)
+
+
+def explain(r: GenRanking) -> str:
+    f = r.fitting
+    if f.height == 0:
+        return "no layout fits: " + "; ".join(f"{k} ({n})" for k, n in r.rejections.most_common(3))
+    a = f.row(0, named=True)
+    lines = [f"#1 {a['layout']}: {a['output_tokens_per_s']:.4g} output tok/s "
+             f"({a['output_tokens_per_s_per_gpu']:.4g} per device), KV {a['kv_capacity_tokens']:,} tokens per replica, "
+             f"weights {a['weights_gib_per_rank']:.1f} GiB per device, decode batch ~{a['decode_batch']:.0f}"]
+    # The same max_num_seqs at other TP degrees: what TP buys or costs.
+    same = f.filter((pl.col("max_num_seqs") == a["max_num_seqs"]) & (pl.col("layout") != a["layout"]))
+    for b in same.head(3).iter_rows(named=True):
+        if b["decode_batch"] > a["decode_batch"] * 1.05:
+            why = "its KV cache holds more concurrent requests, yet its devices do less each"
+        elif b["decode_batch"] < a["decode_batch"] * 0.95:
+            why = (f"a replica's KV space starves its decode batch ({b['decode_batch']:.0f} vs "
+                   f"{a['decode_batch']:.0f})")
+        elif b["tp"] > a["tp"]:
+            why = "per-device throughput falls as TP rises (two all-reduces per layer, smaller GEMMs)"
+        elif b["pp"] != a["pp"]:
+            why = "fewer sequences per pipeline micro-batch or more stage sends per token"
+        else:
+            why = "smaller GEMMs per device at the same batch"
+        lines.append(f"vs {b['layout']}: {b['output_tokens_per_s']:.4g} tok/s "
+                     f"({100 * (a['output_tokens_per_s'] / b['output_tokens_per_s'] - 1):+.0f}% for #1); "
+                     f"KV {b['kv_capacity_tokens']:,} per replica, batch ~{b['decode_batch']:.0f}: {why}")
+    if r.rejections:
+        lines.append("not run: " + "; ".join(f"{k} ({n})" for k, n in r.rejections.most_common(4)))
+    return "\n".join(lines)
+
+
+# --- emit ---------------------------------------------------------------------------------------------------------
+def emit_vllm(r: GenRanking, *, model_id: str, out_dir: Path | str, rank_no: int = 1) -> list[Path]:
+    """`vllm serve` arguments, an offline `LLM(...)` script splitting the prompts over replicas, and a launch
+    script starting one server per replica on disjoint devices."""
+    f = r.fitting
+    if f.height < rank_no:
+        raise PerfPredictError("nothing fits, so there is no layout to emit")
+    row = f.row(rank_no - 1, named=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    w = r.workload
+    cpu = is_cpu(r.cluster.gpu)
+    per = row["tp"] * row["pp"]
+    mml = w.input_len + w.output_len
+    args = {"tensor_parallel_size": row["tp"], "pipeline_parallel_size": row["pp"],
+            "max_num_seqs": row["max_num_seqs"], "max_model_len": mml, "enable_prefix_caching": True,
+            "dtype": "bfloat16" if w.precision == "bf16" else w.precision}
+    if not cpu:
+        args["gpu_memory_utilization"] = 0.9
+    cli = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items() if not isinstance(v, bool))
+    lines = ["#!/usr/bin/env bash", f"# perfpredict: {row['layout']} for {r.model.name} on {r.cluster.gpus} x "
+             f"{r.cluster.gpu.name}; predicted {row['output_tokens_per_s']:.4g} output tok/s in all", "set -euo pipefail",
+             'MODEL="${MODEL:-' + model_id + '}"']
+    for i in range(row["replicas"]):
+        devs = list(range(i * per, (i + 1) * per))
+        env = (f'VLLM_CPU_OMP_THREADS_BIND="{"|".join(map(str, devs))}" VLLM_CPU_KVCACHE_SPACE=4'
+               if cpu else f"CUDA_VISIBLE_DEVICES={','.join(map(str, devs))}")
+        lines.append(f'{env} vllm serve "$MODEL" {cli} --port {8000 + i} > replica{i}.log 2>&1 &')
+    lines += ["wait"]
+    launch = out / "launch_replicas.sh"
+    launch.write_text("\n".join(lines) + "\n")
+    launch.chmod(0o755)
+    script = out / "generate_offline.py"
+    script.write_text(_OFFLINE.format(args=json.dumps(args), replicas=row["replicas"], per=per, model=model_id,
+                                      n=w.samples_per_prompt, out=w.output_len, cpu=cpu))
+    spec = out / "vllm_layout.json"
+    spec.write_text(json.dumps({"layout": row["layout"], "replicas": row["replicas"], "llm_args": args,
+                                "serve_args": cli, "prediction": {k: row[k] for k in (
+                                    "output_tokens_per_s", "total_tokens_per_s", "time_to_generate_s",
+                                    "kv_capacity_tokens")}}, indent=1))
+    return [launch, script, spec]
+
+
+_OFFLINE = '''"""Offline generation with {replicas} vLLM replica(s) ({per} device(s) each), written by perfpredict.
+
+python generate_offline.py prompts.jsonl out.jsonl   (one {{"prompt": ...}} per line)"""
+import json
+import multiprocessing as mp
+import os
+import sys
+
+LLM_ARGS = {args}
+REPLICAS, PER, CPU = {replicas}, {per}, {cpu}
+
+
+def worker(i, prompts, out_path):
+    devs = ",".join(str(d) for d in range(i * PER, (i + 1) * PER))
+    if CPU:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = devs.replace(",", "|")
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devs
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=os.environ.get("MODEL", "{model}"), **LLM_ARGS)
+    outs = llm.generate(prompts, SamplingParams(n={n}, max_tokens={out}, temperature=1.0))
+    with open(f"{{out_path}}.{{i}}", "w") as f:
+        for p, o in zip(prompts, outs):
+            f.write(json.dumps({{"prompt": p, "responses": [c.text for c in o.outputs]}}) + "\\n")
+
+
+if __name__ == "__main__":
+    prompts = [json.loads(line)["prompt"] for line in open(sys.argv[1])]
+    procs = [mp.get_context("spawn").Process(target=worker, args=(i, prompts[i::REPLICAS], sys.argv[2]))
+             for i in range(REPLICAS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+'''
+
+
+# --- online DPO: split the devices between generation and training ------------------------------------------------
+def rank_iteration(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, global_batch: int = 64,
+                   gen_model=None, predictor=None) -> pl.DataFrame:
+    """For each split of the G devices (g for generation, G - g for DPO training with a live reference that scores
+    the pairs), the best layout of each side and the time of one synchronous iteration: generate prompts x k
+    samples, then train on one pair per prompt (seq = input + output)."""
+    from perfpredict.api import rank as train_rank
+    from perfpredict.core.workload import Workload
+
+    G = cluster.gpus
+    if G < 2:
+        raise PerfPredictError("--phase iteration needs at least 2 devices (one for generation, one for training)")
+    rows = []
+    seq = workload.input_len + workload.output_len
+    for g in range(1, G):
+        t = G - g
+        gc = Cluster(gpu=cluster.gpu, gpus_per_node=min(cluster.gpus_per_node, g), nodes=-(-g // cluster.gpus_per_node))
+        tc = Cluster(gpu=cluster.gpu, gpus_per_node=min(cluster.gpus_per_node, t), nodes=-(-t // cluster.gpus_per_node))
+        if gc.gpus != g or tc.gpus != t:
+            continue
+        try:
+            gr = rank_generate(model=model, cluster=gc, workload=workload, gen_model=gen_model).fitting
+        except PerfPredictError:
+            continue
+        if gr.height == 0:
+            continue
+        gb = min(global_batch, workload.prompts)
+        w = Workload(objective="dpo", seq_len=seq, global_batch=gb, dataset_size=workload.prompts,
+                     precision=workload.precision, reference="live")
+        try:
+            tr = train_rank(model=model, cluster=tc, workload=w, top=1, predictor=predictor)
+        except PerfPredictError:
+            continue
+        if tr.height == 0:
+            continue
+        best_g, best_t = gr.row(0, named=True), tr.row(0, named=True)
+        gen_s = best_g["time_to_generate_s"]
+        train_s = workload.prompts / best_t["samples_per_s"]
+        rows.append({"gen_devices": g, "train_devices": t, "gen_layout": best_g["layout"],
+                     "train_plan": best_t["plan"], "generate_s": gen_s, "train_s": train_s,
+                     "iteration_s": gen_s + train_s, "pairs_per_s": workload.prompts / (gen_s + train_s)})
+    if not rows:
+        raise PerfPredictError("no split of the devices fits both a generation layout and a training plan")
+    df = pl.DataFrame(rows).sort("iteration_s")
+    return df.with_columns(rank=pl.int_range(1, df.height + 1))
+
+
+def to_jsonable(df: pl.DataFrame) -> list[dict[str, Any]]:
+    return json.loads(json.dumps(df.to_dicts(), default=str))

@@ -1,0 +1,221 @@
+"""Train and evaluate the generation model on measured vLLM rows (datasets/**/generate*.parquet).
+
+Labels are medians over the repeats of one configuration (engine session x workload), kept only where the
+workload ran with other processes' load under the gate (OTHER_LOAD_MAX_CORES). Splits that extrapolate:
+- by model shape: every row of the held-out shapes is unseen (the largest-width and the deepest shapes by default);
+- by layout: all rows of one (tp, replicas) layout are unseen (the model has seen the other two on the same
+  workloads);
+reported as throughput MAPE, KV capacity error against the engine's own log line, and whether the predicted best
+layout of each (group, workload) is the measured best or within 5 % of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from perfpredict.core.catalog import get_gpu
+from perfpredict.core.dataset import OTHER_LOAD_MAX_CORES, read_tables
+from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
+from perfpredict.core.hardware import Cluster
+from perfpredict.core.model import ModelSpec
+from perfpredict.predictor.generate import GenerationModel, compose
+
+CONFIG_KEYS = ("engine_key", "workload_index")
+HELD_OUT_SHAPES = ("l4-h768-a12-kv4-v32k", "l12-h256-a4-kv4-v8k")
+
+
+def load_rows(root: Path | str = "datasets") -> pl.DataFrame:
+    df = read_tables(root, "generate")
+    if df.is_empty():
+        raise PerfPredictError(f"no generate*.parquet under {root}; collect some with `perfpredict collect generate`")
+    return df
+
+
+def medians(df: pl.DataFrame) -> pl.DataFrame:
+    """One row per configuration: median wall time / throughput over gated repeats, and their spread."""
+    ok = df.filter((pl.col("outcome") == "ok") & (pl.col("other_load_cores") <= OTHER_LOAD_MAX_CORES))
+    first = [c for c in ok.columns if c not in ("wall_s", "output_tokens_per_s", "total_tokens_per_s", "repeat",
+                                                "run_id")]
+    return (ok.group_by(*CONFIG_KEYS)
+            .agg([pl.col(c).first() for c in first if c not in CONFIG_KEYS]
+                 + [pl.col("wall_s").median(), pl.col("output_tokens_per_s").median(),
+                    pl.col("total_tokens_per_s").median(), pl.len().alias("repeats_ok"),
+                    (pl.col("output_tokens_per_s").std(ddof=0) / pl.col("output_tokens_per_s").mean())
+                    .alias("repeat_cv")])
+            .sort("group_id", "workload_index", "tp", "replicas"))
+
+
+def scenario_of(r: dict[str, Any]) -> GenScenario:
+    m = ModelSpec(name=r["model_shape"], layers=r["m_layers"], hidden=r["m_hidden"], heads=r["m_heads"],
+                  kv_heads=r["m_kv_heads"], ffn=r["m_ffn"], vocab=r["m_vocab"], head_dim=r["m_head_dim"])
+    cl = Cluster(gpu=get_gpu(r.get("hardware") or "cpu"), gpus_per_node=max(2, r["tp"] * r["replicas"]), nodes=1)
+    w = GenWorkload(prompts=r["prompts"], input_len=r["input_len"], output_len=r["output_len"],
+                    samples_per_prompt=r["samples_per_prompt"], shared_prefix_len=r["shared_prefix_len"] or 0)
+    lay = GenLayout(tp=r["tp"], replicas=r["replicas"], max_num_seqs=r["max_num_seqs"],
+                    kv_cache_memory_bytes=r["kv_cache_memory_bytes"], max_model_len=r["max_model_len"],
+                    prefix_caching=bool(r["prefix_caching"]), max_num_batched_tokens=r.get("max_num_batched_tokens"))
+    return GenScenario(model=m, cluster=cl, workload=w, layout=lay)
+
+
+def composed(med: pl.DataFrame) -> pl.DataFrame:
+    scs = [scenario_of(r) for r in med.iter_rows(named=True)]
+    comp = compose(scs)
+    return pl.concat([med, comp.rename({c: f"pred_{c}" for c in comp.columns if c in med.columns})],
+                     how="horizontal")
+
+
+def fit(comp: pl.DataFrame, *, seed: int = 0) -> GenerationModel:
+    sub = comp.filter(pl.col("fits"))
+    return GenerationModel(seed=seed).fit(sub, sub["wall_s"].to_numpy())
+
+
+def _predict(model: GenerationModel, comp: pl.DataFrame) -> pl.DataFrame:
+    sub = comp.filter(pl.col("fits"))
+    wall, _, _ = model.predict_wall(sub)
+    return sub.with_columns(pred_wall_s=pl.Series(wall)).with_columns(
+        pred_tps=pl.col("output_tokens") / pl.col("pred_wall_s"),
+        ape=(pl.col("output_tokens") / pl.col("pred_wall_s") / pl.col("output_tokens_per_s") - 1).abs())
+
+
+def best_layout_agreement(pred: pl.DataFrame) -> dict[str, float]:
+    """Per (group, workload) measured under >= 2 layouts: is the predicted best the measured best, or within 5 %?"""
+    hits, near, n, regret = 0, 0, 0, []
+    for _, g in pred.group_by("group_id", "workload_index"):
+        if g.height < 2:
+            continue
+        n += 1
+        pb = g.sort("pred_tps", descending=True).row(0, named=True)
+        mb = g["output_tokens_per_s"].max()
+        hits += int(pb["output_tokens_per_s"] == mb)
+        near += int(pb["output_tokens_per_s"] >= 0.95 * mb)
+        regret.append(1 - pb["output_tokens_per_s"] / mb)
+    nan = float("nan")
+    return {"cases": n, "best_exact": hits / n if n else nan, "best_within_5pct": near / n if n else nan,
+            "mean_regret": float(np.mean(regret)) if regret else nan}
+
+
+def _score(comp: pl.DataFrame, tr: pl.Expr, te: pl.Expr, seed: int) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    train, test = comp.filter(tr), comp.filter(te)
+    if train.filter(pl.col("fits")).height < 10 or test.filter(pl.col("fits")).height == 0:
+        return None
+    model = fit(train, seed=seed)
+    p = _predict(model, test)
+    p = p.with_columns(base_ape=(p["output_tokens"] / pl.Series(model.base(p)) / p["output_tokens_per_s"] - 1).abs())
+    return p, p
+
+
+def evaluate(root: Path | str = "datasets", *, seed: int = 0) -> dict[str, Any]:
+    raw = load_rows(root)
+    med = medians(raw)
+    comp = composed(med)
+    kv = raw.filter(pl.col("kv_capacity_tokens").is_not_null()).unique("engine_key")
+    kv_scs = [scenario_of(r) for r in kv.iter_rows(named=True)]
+    kv_pred = compose(kv_scs)["kv_capacity_tokens"].to_numpy()
+    kv_err = np.abs(kv_pred / kv["kv_capacity_tokens"].to_numpy() - 1)
+    splits: dict[str, tuple[pl.Expr, pl.Expr]] = {}
+    shapes = [s for s in HELD_OUT_SHAPES if s in comp["model_shape"].to_list()]
+    if shapes:
+        splits[f"held-out shapes ({', '.join(shapes)})"] = (~pl.col("model_shape").is_in(shapes),
+                                                           pl.col("model_shape").is_in(shapes))
+    for tp, r in ((1, 2), (2, 1), (1, 1)):
+        lay = (pl.col("tp") == tp) & (pl.col("replicas") == r)
+        splits[f"held-out layout TP{tp} x{r}"] = (~lay, lay)
+    results = []
+    # Leave-one-shape-out, every shape in turn, pooled into one row.
+    loso = [_score(comp, ~pl.col("model_shape").eq(sh), pl.col("model_shape").eq(sh), seed)
+            for sh in sorted(comp["model_shape"].unique())]
+    loso = [x for x in loso if x is not None]
+    if loso:
+        p = pl.concat([x[0] for x in loso], how="diagonal_relaxed")
+        both = pl.concat([x[1] for x in loso], how="diagonal_relaxed")
+        results.append({"split": "leave-one-shape-out (each shape in turn)", "train_rows": comp.height,
+                        "test_rows": p.height, "mape": float(p["ape"].mean()), "median_ape": float(p["ape"].median()),
+                        "mape_without_correction": float(p["base_ape"].mean()), **best_layout_agreement(both)})
+    for name, (tr, te) in splits.items():
+        train, test = comp.filter(tr), comp.filter(te)
+        if train.filter(pl.col("fits")).height < 10 or test.filter(pl.col("fits")).height == 0:
+            continue
+        model = fit(train, seed=seed)
+        p = _predict(model, test)
+        # Layout choice needs every layout of a case: score it on the test rows' groups with all layouts predicted.
+        both = _predict(model, comp.filter(pl.col("group_id").is_in(test["group_id"].unique().implode())))
+        agree = best_layout_agreement(both)
+        base_mape = float((p["output_tokens"] / pl.Series(model.base(p)) / p["output_tokens_per_s"] - 1).abs().mean())
+        results.append({"split": name, "train_rows": train.height, "test_rows": p.height,
+                        "mape": float(p["ape"].mean()), "median_ape": float(p["ape"].median()),
+                        "mape_without_correction": base_mape, **agree})
+    full = fit(comp, seed=seed)
+    full.training_ = {"rows": comp.height, "raw_rows": raw.height, "shapes": sorted(comp["model_shape"].unique()),
+                      "repeat_cv_median": float(comp["repeat_cv"].drop_nulls().median() or 0.0)}
+    return {"splits": results, "kv_capacity": {"engines": len(kv_err), "max_rel_err": float(kv_err.max()),
+                                               "mean_rel_err": float(kv_err.mean())},
+            "rows": raw.height, "configs": comp.height, "ok_rows": raw.filter(pl.col("outcome") == "ok").height,
+            "repeat_cv_median": full.training_["repeat_cv_median"], "model": full}
+
+
+VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+             "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+
+
+def vidur_decode_layer_check(root: Path | str, *, tokens: tuple[int, ...] = (1, 8, 32, 128, 512)) -> pl.DataFrame:
+    """The GPU side of the decode step against Vidur's measured per-layer inference ops (shared/data/public/vidur,
+    compute/<gpu>/<model>/mlp.csv: one layer's GEMMs, norms, rotary, activation and residual at num_tokens rows,
+    per TP shard). Returns composed / measured per (gpu, model, tp, tokens): how far the layer part of
+    predictor.generate's decode step is from a real serving stack's kernels at decode shapes (attention excluded:
+    Vidur's attention.csv files are not in the snapshot)."""
+    from perfpredict.predictor.generate import _kernel_rows, default_kernels
+
+    root = Path(root)
+    files = sorted(root.glob("data/profiling/compute/*/*/*/mlp.csv"))
+    if not files:
+        raise PerfPredictError(f"no vidur mlp.csv under {root}")
+    gpus = {"a100": "a100-sxm-80gb", "h100": "h100-sxm-80gb", "a40": "a40"}
+    out = []
+    for f in files:
+        gpu = gpus.get(f.parts[-4])
+        if gpu is None:
+            continue
+        df = pl.read_csv(f).filter(pl.col("num_tokens").is_in(list(tokens)))
+        for r in df.iter_rows(named=True):
+            tp = int(r["num_tensor_parallel_workers"])
+            h, a, kv = int(r["n_embd"]), int(r["n_head"]), int(r["n_kv_head"])
+            if a % tp:
+                continue
+            m = ModelSpec(name=f.parts[-2], layers=1, hidden=h, heads=a, kv_heads=kv, ffn=int(r["n_expanded_embd"]),
+                          vocab=int(r["vocab_size"]))
+            measured = sum(float(r.get(f"time_stats.{op}.median") or 0.0) for op in VIDUR_OPS) / 1e3
+            out.append({"gpu": gpu, "model": f.parts[-2], "tp": tp, "tokens": int(r["num_tokens"]),
+                        "measured_s": measured, "_m": m})
+    if not out:
+        raise PerfPredictError("no usable vidur rows")
+    rows, keys = [], []
+    for i, o in enumerate(out):
+        sc = GenScenario(model=o["_m"], cluster=Cluster(gpu=get_gpu(o["gpu"]), gpus_per_node=8),
+                         workload=GenWorkload(prompts=o["tokens"], input_len=16, output_len=16),
+                         layout=GenLayout(tp=o["tp"], replicas=1))
+        from perfpredict.predictor.generate import Schedule
+
+        s = Schedule(requests=o["tokens"], batch=float(o["tokens"]), waves=1, decode_steps=1, ctx=16.0,
+                     prefill_tokens=16.0, chunk_tokens=16.0, prefill_chunks=1, kv_pressure=0.0)
+        for k in _kernel_rows(sc, s, i):
+            if k["part"] == "decode" and k["op"] in ("gemm", "rmsnorm", "swiglu", "add") and k.get("m", 1) != 0:
+                if k["op"] == "gemm" and k["n"] == max(1, o["_m"].vocab // o["tp"]):
+                    continue  # the output head is not in Vidur's per-layer table
+                rows.append(k)
+        keys.append(i)
+    kdf = pl.DataFrame(rows, infer_schema_length=None)
+    for col in ("m", "n", "k", "batch", "heads", "kv_heads", "seq_len", "head_dim", "numel", "bytes", "world_size",
+                "ranks_per_node"):
+        if col not in kdf.columns:
+            kdf = kdf.with_columns(pl.lit(None, dtype=pl.Int64).alias(col))
+        kdf = kdf.with_columns(pl.col(col).cast(pl.Int64))
+    t = default_kernels().predict(kdf.drop("scenario", "part", "mult"))
+    comp = kdf.with_columns(t=pl.Series(t) * pl.col("mult")).group_by("scenario").agg(pl.col("t").sum())
+    by = dict(zip(comp["scenario"].to_list(), comp["t"].to_list(), strict=True))
+    res = pl.DataFrame([{k: v for k, v in o.items() if k != "_m"} | {"composed_s": by.get(i, float("nan"))}
+                        for i, o in enumerate(out)])
+    return res.with_columns(ratio=pl.col("composed_s") / pl.col("measured_s"))
