@@ -141,7 +141,7 @@ def test_predict_cli_generate_jsonl(tmp_path):
             "workload": {"prompts": 500, "input_len": 1024, "output_len": 512}}
     f.write_text("\n".join(json.dumps({**base, "layout": lay}) for lay in ({"tp": 1, "replicas": 8},
                                                                             {"tp": 4, "replicas": 2})))
-    r = runner.invoke(app, ["predict", str(f), "--json"])
+    r = runner.invoke(app, ["predict", str(f), "--json", "-"])
     assert r.exit_code == 0, r.output
     a, b = (json.loads(x) for x in r.output.strip().splitlines())
     assert not a["fits"] and b["fits"] and b["kv_capacity_tokens"] > 0

@@ -43,11 +43,14 @@ def trained(small_data, tmp_path_factory):
 
 def test_train_writes_xgboost_json_and_metadata(trained):
     meta = json.loads((trained / "metadata.json").read_text())
-    assert meta["model_schema_version"] == 1 and meta["features"]["time"] and meta["data_hash"]["runs"]
+    assert meta["model_schema_version"] == 2 and meta["corrections"]["time"]["features"] and meta["data_hash"]["runs"]
     assert {"xgboost", "polars", "numpy"} <= set(meta["versions"])
     assert not list(trained.glob("*.pkl")) and not list(trained.glob("*.joblib"))
     for name in meta["files"].values():
-        json.loads((trained / name).read_text())  # xgboost JSON, not a pickle
+        if name.endswith(".npy"):  # the corrections' training matrices (applicability domain), no pickle
+            assert np.load(trained / name, allow_pickle=False).ndim == 2
+        else:
+            json.loads((trained / name).read_text())  # xgboost JSON, not a pickle
 
 
 def test_training_is_deterministic(small_data, trained, tmp_path):
@@ -65,7 +68,7 @@ def test_load_refuses_mismatch(trained, tmp_path):
     (bad / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(PerfPredictError, match="retrain"):
         Bundle.load(bad)
-    meta["model_schema_version"] = 1
+    meta["model_schema_version"] = 2
     meta["versions"]["xgboost"] = "0.9"
     (bad / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(PerfPredictError, match="xgboost 0.9"):
@@ -86,12 +89,20 @@ def test_feature_list_mismatch_is_refused(trained):
 def test_evaluate_command(small_data, tmp_path):
     plot = tmp_path / "pvm.png"
     js = tmp_path / "metrics.json"
-    r = runner.invoke(app, ["evaluate", "--data", str(small_data), "--plot", str(plot), "--json", str(js)])
+    r = runner.invoke(app, ["evaluate", "--data", str(small_data), "--split", "scale", "--split", "largest",
+                            "--plot", str(plot), "--json", str(js)])
     assert r.exit_code == 0, r.output
-    assert "leave-one-model-out" in r.output and "MAPE" in r.output
+    assert "test partition" in r.output and "MAPE" in r.output
     assert plot.stat().st_size > 10_000
     metrics = json.loads(js.read_text())
-    assert {row["source"] for row in metrics["by_source"]} >= {"vtrain", "ultrascale_playbook"}
+    assert {row["split"] for row in metrics} == {"scale", "largest"}
+    assert {row["source"] for row in metrics if row["split"] == "largest"} >= {"vtrain", "ultrascale_playbook"}
+    assert all(0.0 <= row["time_coverage"] <= 1.0 for row in metrics if row["time_n"])
+
+
+def test_bogus_split_is_one_line(small_data):
+    r = runner.invoke(app, ["evaluate", "--data", str(small_data), "--split", "bogus"])
+    assert r.exit_code == 2 and "unknown split/variant" in r.output
 
 
 def test_every_label_was_measured():

@@ -138,7 +138,7 @@ def _kernel_rows(sc: GenScenario, s: Schedule, idx: int) -> list[dict[str, Any]]
 
 @cache
 def default_kernels():
-    from perfpredict.predictor.bundle import Bundle, default_path
+    from perfpredict.learn.bundle import Bundle, default_path
 
     return Bundle.load(default_path()).kernels
 
@@ -241,7 +241,7 @@ class GenerationModel:
     def fit(self, comp: pl.DataFrame, wall_s: np.ndarray) -> GenerationModel:
         from scipy.optimize import nnls
 
-        from perfpredict.predictor.gb import GBRegressor
+        from perfpredict.learn.gb import GBRegressor
 
         cpu = comp["is_cpu"].to_numpy().astype(bool)
         if not cpu.all():
@@ -296,7 +296,7 @@ class GenerationModel:
 
     @classmethod
     def load(cls, path: Path | str = MODEL_DIR) -> GenerationModel:
-        from perfpredict.predictor.gb import GBRegressor
+        from perfpredict.learn.gb import GBRegressor
 
         path = Path(path)
         try:
