@@ -64,9 +64,9 @@ def test_sequence_parallelism_moves_no_flops(flat):
         return
     ratio = _time(tp.with_columns(p_sp=pl.lit(True))) / _time(tp.with_columns(p_sp=pl.lit(False)))
     # SP removes the redundant norm/residual work of tp ranks (a tenth to a quarter of a layer's time at tp 8) and
-    # moves the same bytes (all-gather + reduce-scatter for each all-reduce, whose learned efficiencies differ from
-    # the all-reduce's by up to ~15 %): never a halving, never much slower.
-    assert np.all((ratio > 0.6) & (ratio < 1.35)), ratio.min()
+    # moves the same bytes (all-gather + reduce-scatter for each all-reduce, timed as the all-reduce they replace):
+    # never a halving, never slower.
+    assert np.all((ratio > 0.75) & (ratio <= 1.0 + 1e-9)), ratio.min()
 
 
 @SETTINGS
