@@ -20,6 +20,7 @@ from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import default_max_num_seqs, is_cpu
+from perfpredict.features.plans import powers_of_two
 
 MNS_CANDIDATES = (64, 256, 1024)
 
@@ -37,14 +38,6 @@ class GenRanking:
         return self.table.filter(pl.col("fits"))
 
 
-def _pow2_upto(n: int) -> list[int]:
-    out, v = [], 1
-    while v <= n:
-        out.append(v)
-        v *= 2
-    return out
-
-
 def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int] | None = None,
                       gpu_memory_utilization: float = 0.9, kv_space_gib: float | None = None,
                       max_model_len: int | None = None, prefix_caching: bool = True,
@@ -52,11 +45,11 @@ def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int]
     rej = rej if rej is not None else Counter()
     G = cluster.gpus
     out = []
-    for tp in _pow2_upto(min(G, cluster.gpus_per_node)):
+    for tp in powers_of_two(min(G, cluster.gpus_per_node)):
         if m.heads % tp:
             rej[f"tp {tp} does not divide the {m.heads} attention heads"] += 1
             continue
-        for pp in _pow2_upto(G // tp):
+        for pp in powers_of_two(G // tp):
             if pp > m.layers:
                 rej["pp exceeds the layers"] += 1
                 continue
