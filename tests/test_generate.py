@@ -171,7 +171,7 @@ dense = st.builds(lambda L, h, kvf, vocab: ModelSpec(name="rand", layers=L, hidd
                   st.sampled_from([32000, 128256]))
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(m=dense)
 def test_property_small_dense_models_prefer_tp1_replicas(m):
     """Weights + KV fit easily on one device: more replicas of smaller TP win (per-device throughput falls with TP)."""
@@ -180,7 +180,7 @@ def test_property_small_dense_models_prefer_tp1_replicas(m):
     assert _best_tp(m, "h100-sxm-80gb", GenWorkload(prompts=4096, input_len=512, output_len=512)) == 1
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(frac=st.floats(0.78, 0.86), L=st.integers(60, 90), kvh=st.sampled_from([8, 16]))
 def test_property_kv_starved_models_prefer_higher_tp(frac, L, kvh):
     """Weights fill most of one device: TP 1 leaves no KV (or a starved batch), so the best layout uses TP > 1."""
