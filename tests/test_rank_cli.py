@@ -159,3 +159,24 @@ def test_emit_targets_parse_back(tmp_path, target, framework):
             assert toks[toks.index("--pipeline-model-parallel-size") + 1] == str(best["p_pp"])
         elif name.endswith(".sh"):
             assert "--nnodes" in text or "--num_machines" in text
+
+
+def test_inter_node_bandwidth_changes_a_two_node_dpo_ranking():
+    """Issue 9: the TP-or-DP question depends on the cluster's links. On 2 nodes, a plan whose data-parallel
+    gradients cross nodes pays for a 4x slower inter-node link; plans that keep that traffic inside a node do not,
+    so the order changes, and --explain shows the DP communication behind it."""
+    def ranking(bw: str) -> list[dict]:
+        r = runner.invoke(app, BASE + ["--inter-node-bw", bw, "--json", "-"])
+        assert r.exit_code == 0, r.output
+        return [x for x in json.loads(r.output) if x["fits"]]
+
+    slow, fast = ranking("12.5"), ranking("50")
+    assert [x["plan"] for x in slow[:10]] != [x["plan"] for x in fast[:10]]
+    by_plan = {x["plan"]: x for x in fast}
+    crossing = [x for x in slow if x["p_dp"] * x["p_tp"] * x["p_pp"] > 8 and x["p_dp"] > 1 and x["plan"] in by_plan]
+    assert crossing
+    for x in crossing:  # more bandwidth is never slower, and DP traffic that crosses nodes gets cheaper
+        assert by_plan[x["plan"]]["step_time_s"] <= x["step_time_s"] * (1 + 1e-9)
+        assert by_plan[x["plan"]]["b_dp_comm_s"] <= x["b_dp_comm_s"] * (1 + 1e-9)
+    r = runner.invoke(app, BASE + ["--inter-node-bw", "12.5", "--top", "3", "--explain"])
+    assert r.exit_code == 0 and "DP communication" in r.output, r.output

@@ -27,7 +27,7 @@ from perfpredict.learn.plan_model import (
     fits_verdict,
 )
 
-MODEL_SCHEMA_VERSION = 2
+MODEL_SCHEMA_VERSION = 3
 
 
 def versions() -> dict[str, str]:
@@ -55,7 +55,7 @@ class Bundle:
         """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, fits."""
         wt = self.time.weight(df)
         t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df))
-        tlo, thi = self.time_intervals.bounds(self.time.domain_keys(df), wt)
+        tlo, thi = self.time_intervals.bounds(self.time.domain_keys(df), wt, self.unseen_hardware(df))
         wm = self.memory.weight(df)
         analytic = df["d_mem_gib"].to_numpy()
         mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df))
@@ -64,6 +64,11 @@ class Bundle:
                 "pred_mem_gib": mem, "pred_mem_lo_gib": mem * 10**mlo, "pred_mem_hi_gib": mem * 10**mhi,
                 "mem_weight": wm,
                 "pred_fits": fits_verdict(mem, analytic, df["g_memory_gib"].to_numpy(), wm, self.oom_margin)}
+
+    def unseen_hardware(self, df: pl.DataFrame) -> np.ndarray:
+        """Rows on a hardware none of the kernel models saw a probe of (its kernels are extrapolated)."""
+        seen = {h for fam in self.kernels.families_.values() for h in fam.get("hardware", [])}
+        return ~df["g_name"].is_in(sorted(seen)).to_numpy() if seen else np.zeros(df.height, dtype=bool)
 
     def save(self, out: Path | str) -> Path:
         out = Path(out)

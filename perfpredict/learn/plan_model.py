@@ -160,24 +160,42 @@ class Correction:
         self.center_ = X.mean(axis=0)
         self.scale_ = np.maximum(X.std(axis=0), 1e-3)
         self.train_X_ = X
-        self._tree = None
-        d, _ = self._tree_of().query((X - self.center_) / self.scale_, k=min(K_NEIGHBOURS + 1, len(X)))
-        d = np.atleast_2d(d)
-        self.radius_ = float(np.quantile(d[:, 1:].mean(axis=1), 0.95)) if d.shape[1] > 1 else 1.0
-        self.radius_ = max(self.radius_, 1e-3)
+        self.train_keys_ = np.array(self.domain_keys(df), dtype=object)
+        self._trees = None
+        self.radius_ = {}
+        for key, tree in self._trees_of().items():
+            n = tree.n
+            if n < 2:
+                self.radius_[key] = 1.0
+                continue
+            d, _ = tree.query(tree.data, k=min(K_NEIGHBOURS + 1, n))
+            self.radius_[key] = max(float(np.quantile(np.atleast_2d(d)[:, 1:].mean(axis=1), 0.95)), 1e-3)
         return self
 
-    def _tree_of(self) -> cKDTree:
-        if getattr(self, "_tree", None) is None:
-            self._tree = cKDTree((self.train_X_ - self.center_) / self.scale_)
-        return self._tree
+    def _trees_of(self) -> dict:
+        """One tree per domain: a row's neighbours are training rows of its own framework family and hardware
+        (time) or device class (memory). Neighbours from another domain, whose ratios are another trainer's or
+        machine's, said nothing about whether this domain's correction carries (global neighbours let vTrain's
+        multi-node rows vouch for the playbook's)."""
+        if getattr(self, "_trees", None) is None:
+            Z = (self.train_X_ - self.center_) / self.scale_
+            self._trees = {k: cKDTree(Z[self.train_keys_ == k]) for k in sorted(set(self.train_keys_.tolist()))}
+        return self._trees
 
     def distance(self, df: pl.DataFrame) -> np.ndarray:
-        """Mean distance to the K nearest training rows, in units of the training rows' own 95th percentile."""
+        """Mean distance to the K nearest training rows of the row's domain, in units of that domain's own 95th
+        percentile; inf for a domain never measured."""
         Z = (self._X(df) - self.center_) / self.scale_
-        d, _ = self._tree_of().query(Z, k=min(K_NEIGHBOURS, len(self.train_X_)))
-        d = np.atleast_2d(d.T).T if d.ndim == 1 else d
-        return d.mean(axis=1) / self.radius_
+        keys = np.array(self.domain_keys(df), dtype=object)
+        out = np.full(len(Z), np.inf)
+        for key, tree in self._trees_of().items():
+            idx = keys == key
+            if not idx.any():
+                continue
+            d, _ = tree.query(Z[idx], k=min(K_NEIGHBOURS, tree.n))
+            d = d.reshape(int(idx.sum()), -1)
+            out[idx] = d.mean(axis=1) / self.radius_[key]
+        return out
 
     def in_domain(self, df: pl.DataFrame) -> np.ndarray:
         seen = set(self.domains_)
@@ -187,7 +205,7 @@ class Correction:
         """Applicability of the correction per row, in [0, 1]."""
         w = self.in_domain(df).astype(float)
         if self.shrink and df.height:
-            w *= np.clip(2.0 - self.distance(df), 0.0, 1.0)
+            w *= np.clip(2.0 - np.nan_to_num(self.distance(df), posinf=2.0), 0.0, 1.0)
         return w
 
     def predict_log_ratio(self, df: pl.DataFrame) -> np.ndarray:
@@ -228,18 +246,33 @@ class Intervals:
         self.outside_ = conformal_quantiles(baseline_log_residuals, coverage)
         # Outside the data, the interval is at least as wide as the in-domain one.
         self.outside_ = (min(self.outside_[0], self.pooled_[0]), max(self.outside_[1], self.pooled_[1]))
+        self.unseen_ = self.outside_
         return self
 
-    def bounds(self, keys: list[str], weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def fit_unseen_hardware(self, log_residuals: np.ndarray, *, coverage: float = 0.9) -> Intervals:
+        """Bounds for a hardware the kernel models never saw a probe of, from the composition's residuals on each
+        measured hardware with its own probes left out: the kernels' extrapolation bias dominates there (CPU
+        without its probes: 56 % off, A100 without its: 101 %), which the pooled spread did not cover (1-8 %)."""
+        r = np.asarray(log_residuals, dtype=float)
+        if np.isfinite(r).sum() >= 10:
+            lo, hi = conformal_quantiles(r, coverage)
+            self.unseen_ = (min(lo, self.outside_[0]), max(hi, self.outside_[1]))
+        return self
+
+    def bounds(self, keys: list[str], weight: np.ndarray, unseen: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
         lo_in = np.array([self.inside_.get(k, self.pooled_)[0] for k in keys])
         hi_in = np.array([self.inside_.get(k, self.pooled_)[1] for k in keys])
         lo = weight * lo_in + (1.0 - weight) * self.outside_[0]
         hi = weight * hi_in + (1.0 - weight) * self.outside_[1]
+        if unseen is not None and unseen.any():
+            lo = np.where(unseen, np.minimum(lo, self.unseen_[0]), lo)
+            hi = np.where(unseen, np.maximum(hi, self.unseen_[1]), hi)
         return lo, hi
 
     def to_dict(self) -> dict:
         return {"inside": {k: list(v) for k, v in self.inside_.items()}, "pooled": list(self.pooled_),
-                "outside": list(self.outside_)}
+                "outside": list(self.outside_), "unseen_hardware": list(self.unseen_)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Intervals:
@@ -247,6 +280,7 @@ class Intervals:
         i.inside_ = {k: tuple(v) for k, v in d["inside"].items()}
         i.pooled_ = tuple(d["pooled"])
         i.outside_ = tuple(d["outside"])
+        i.unseen_ = tuple(d.get("unseen_hardware", d["outside"]))
         return i
 
 
@@ -258,16 +292,24 @@ def fits_verdict(pred_gib: np.ndarray, analytic_gib: np.ndarray, capacity_gib: n
     return learned | ((weight < 1.0) & (analytic_gib <= capacity_gib))
 
 
-def calibrate_margin(pred_gib: np.ndarray, capacity_gib: np.ndarray, fits: np.ndarray, *, slack: float = 0.005) -> float:
+def calibrate_margin(pred_gib: np.ndarray, capacity_gib: np.ndarray, fits: np.ndarray, *, slack: float = 0.005,
+                     max_false_oom: float = 0.02) -> float:
     """The safety margin m for the rule pred * (1 + m) <= capacity: the smallest margin whose accuracy on runs
-    that fit or failed is within `slack` of the best. Accuracy keeps creeping up with m because the published
-    failures include crashes that were not out of memory (at any predicted size); chasing them would hide plans
-    that run, so the margin stops where the gain becomes marginal."""
+    that fit or failed is within `slack` of the best, among margins that call at most `max_false_oom` of the runs
+    that ran "does not fit". The two errors do not cost the same: a missed OOM fails at launch, in a minute; a false
+    OOM hides a plan that runs, possibly the best one, and nobody finds out. Accuracy alone kept creeping up with m
+    because the published failures include crashes that were not out of memory (at any predicted size)."""
     if fits.size == 0 or fits.all() or (~fits).all():
         return 0.05
     margins = np.linspace(-0.2, 0.6, 161)
-    accs = np.array([np.mean((pred_gib * (1 + m) <= capacity_gib) == fits) for m in margins])
-    return float(margins[np.argmax(accs >= accs.max() - slack)])
+    calls = pred_gib[None, :] * (1 + margins[:, None]) <= capacity_gib[None, :]
+    accs = (calls == fits[None, :]).mean(axis=1)
+    false_oom = (~calls[:, fits]).mean(axis=1)
+    allowed = false_oom <= max_false_oom
+    if not allowed.any():
+        return float(margins[0])
+    best = accs[allowed].max()
+    return float(margins[np.argmax(allowed & (accs >= best - slack))])
 
 
 CORRECTION_OPTIONS = ("kind", "seed", "domain", "shrink", "bound", "absolute")
@@ -277,7 +319,7 @@ def correction_meta(r: Correction) -> dict:
     """Everything but the booster and the training matrix (saved beside it), JSON-ready."""
     return {**{k: getattr(r, k) for k in CORRECTION_OPTIONS}, "features": r.feature_names_, "domains": r.domains_,
             "bounds_log10": list(r.bounds_), "center": r.center_.tolist(), "scale": r.scale_.tolist(),
-            "radius": r.radius_}
+            "radius": r.radius_, "train_keys": r.train_keys_.tolist()}
 
 
 def correction_from_meta(meta: dict, model: GBRegressor, train_X: np.ndarray) -> Correction:
@@ -288,7 +330,8 @@ def correction_from_meta(meta: dict, model: GBRegressor, train_X: np.ndarray) ->
     r.bounds_ = tuple(meta["bounds_log10"])
     r.center_ = np.asarray(meta["center"], dtype=float)
     r.scale_ = np.asarray(meta["scale"], dtype=float)
-    r.radius_ = float(meta["radius"])
+    r.radius_ = {k: float(v) for k, v in meta["radius"].items()}
     r.train_X_ = np.asarray(train_X, dtype=float)
-    r._tree = None
+    r.train_keys_ = np.array(meta["train_keys"], dtype=object)
+    r._trees = None
     return r

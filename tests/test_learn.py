@@ -1,0 +1,91 @@
+"""Unit tests of the learned layer's parts: the composition's kernel counts against a hand count, split-conformal
+bounds, the OOM margin, the per-domain applicability weight and the never-probed-hardware interval."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from perfpredict.core.catalog import get_gpu, get_model
+from perfpredict.core.hardware import Cluster
+from perfpredict.core.plan import Plan
+from perfpredict.core.workload import Workload
+from perfpredict.features.descriptors import describe
+from perfpredict.features.frame import plans_frame
+from perfpredict.learn.compose import kernel_queries
+from perfpredict.learn.plan_model import Correction, Intervals, calibrate_margin, conformal_quantiles
+
+c = pl.col
+
+
+def test_kernel_counts_of_a_known_plan_match_a_hand_count():
+    """Llama-3.2-1B (16 layers, hidden 2048, 32 heads / 8 KV heads of 64, ffn 8192; the catalog's published
+    config), SFT, seq 2048, TP 2 x DP 4, one sequence per micro-batch, 2 micro-batches per step, Megatron."""
+    model = get_model("llama-3.2-1b")
+    desc = describe(plans_frame(model, Cluster(get_gpu("h100-sxm-80gb"), 8, 1),
+                                Workload(objective="sft", seq_len=2048, global_batch=8),
+                                [Plan(tp=2, dp=4, micro_batch=1, grad_accum=2, framework="megatron")]))
+    q = kernel_queries(desc)
+    gemm_fwd = q.filter((c("op") == "gemm") & (c("pass_") == "fwd"))
+    # Four layer GEMMs x 16 layers x 2 micro-batches, one forward each (no recompute, no reference) + the head.
+    layer = gemm_fwd.filter(c("n") != model.vocab // 2)
+    assert layer["count"].to_list() == [32.0] * 4
+    assert sorted(layer["n"].to_list()) == sorted([(32 + 2 * 8) * 64 // 2, 2048, 2 * 8192 // 2, 2048])
+    assert gemm_fwd.filter(c("n") == model.vocab // 2)["count"].to_list() == [2.0]
+    # TP: 2 all-reduces forward + 2 backward per layer, of the micro-batch's activations (2048 x 2048 x 2 bytes).
+    tp = q.filter(c("part") == "tp")
+    assert tp["bytes"].to_list() == [2048 * 2048 * 2] and tp["count"].to_list() == [16 * 2 * 4.0]
+    assert tp["world_size"].to_list() == [2]
+    # DP: one all-reduce of this rank's gradients per step over the 4 replicas.
+    dp = q.filter(c("part") == "dp")
+    assert dp["count"].to_list() == [1.0] and dp["world_size"].to_list() == [4]
+    assert q.filter(c("op") == "adam")["count"].to_list() == [1.0]
+
+
+def test_conformal_bounds_cover_fresh_draws():
+    rng = np.random.default_rng(0)
+    lo, hi = conformal_quantiles(rng.normal(0.0, 0.1, 2000), 0.9)
+    fresh = rng.normal(0.0, 0.1, 20000)
+    assert 0.88 <= np.mean((fresh >= lo) & (fresh <= hi)) <= 0.92
+    assert conformal_quantiles(np.array([0.1, 0.2]), 0.9) == (-0.3, 0.3)  # too few residuals: a wide default
+
+
+def test_margin_keeps_false_oom_under_the_cap():
+    """Runs that fit sit at 0.8-1.05x capacity (predicted), failures at 1.0-1.3x: the accuracy-best margin calls
+    some runnable plans OOM; the cap of 2 % false OOM keeps them."""
+    rng = np.random.default_rng(1)
+    fits = np.r_[np.ones(500, bool), np.zeros(200, bool)]
+    pred = np.r_[rng.uniform(0.8, 1.05, 500), rng.uniform(1.0, 1.3, 200)]
+    cap = np.ones_like(pred)
+    m = calibrate_margin(pred, cap, fits)
+    assert np.mean(pred[fits] * (1 + m) > cap[fits]) <= 0.02
+    assert np.mean(pred[~fits] * (1 + m) > cap[~fits]) > 0.5  # still catches most real OOMs
+
+
+def _frame(n: int, framework: str, hw: str, x: np.ndarray) -> pl.DataFrame:
+    return pl.DataFrame({"p_framework": [framework] * n, "g_name": [hw] * n, "x": x, "k_step_s": np.ones(n)})
+
+
+def test_applicability_is_per_domain(monkeypatch):
+    """A row near another domain's training rows gets no weight; a training row of its own domain gets full."""
+    monkeypatch.setattr(Correction, "features", lambda self, df: df.select("x"))
+    rng = np.random.default_rng(2)
+    train = pl.concat([_frame(50, "megatron", "a100-sxm-80gb", rng.normal(0, 1, 50)),
+                       _frame(50, "deepspeed", "h100-sxm-80gb", rng.normal(10, 1, 50))])
+    corr = Correction(kind="time").fit(train, np.full(100, 1.5))
+    near_own = _frame(1, "megatron", "a100-sxm-80gb", np.array([0.0]))
+    near_other = _frame(1, "megatron", "a100-sxm-80gb", np.array([10.0]))
+    unseen = _frame(1, "nanotron", "l40s", np.array([0.0]))
+    assert corr.weight(near_own)[0] == pytest.approx(1.0)
+    assert corr.weight(near_other)[0] == 0.0
+    assert corr.weight(unseen)[0] == 0.0 and corr.predict(unseen)[0] == 1.0  # the composition itself
+
+
+def test_never_probed_hardware_gets_its_own_wider_interval():
+    rng = np.random.default_rng(3)
+    iv = Intervals().fit(["a"] * 200, rng.normal(0, 0.05, 200), rng.normal(0, 0.1, 200))
+    iv.fit_unseen_hardware(rng.normal(0.2, 0.3, 200))
+    lo, hi = iv.bounds(["a", "a"], np.array([1.0, 1.0]), np.array([False, True]))
+    assert hi[1] - lo[1] > 3 * (hi[0] - lo[0])
+    assert Intervals.from_dict(iv.to_dict()).unseen_ == iv.unseen_
