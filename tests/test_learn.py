@@ -64,7 +64,8 @@ def test_margin_keeps_false_oom_under_the_cap():
 
 
 def _frame(n: int, framework: str, hw: str, x: np.ndarray) -> pl.DataFrame:
-    return pl.DataFrame({"p_framework": [framework] * n, "g_name": [hw] * n, "x": x, "k_step_s": np.ones(n)})
+    return pl.DataFrame({"p_framework": [framework] * n, "g_name": [hw] * n, "c_nodes": [1] * n, "x": x,
+                         "k_step_s": np.ones(n)})
 
 
 def test_applicability_is_per_domain(monkeypatch):
@@ -77,7 +78,9 @@ def test_applicability_is_per_domain(monkeypatch):
     near_own = _frame(1, "megatron", "a100-sxm-80gb", np.array([0.0]))
     near_other = _frame(1, "megatron", "a100-sxm-80gb", np.array([10.0]))
     unseen = _frame(1, "nanotron", "l40s", np.array([0.0]))
+    multi = _frame(1, "megatron", "a100-sxm-80gb", np.array([0.0])).with_columns(c_nodes=pl.lit(2))
     assert corr.weight(near_own)[0] == pytest.approx(1.0)
+    assert corr.weight(multi)[0] == 0.0  # learned on one node only: says nothing about crossing nodes
     assert corr.weight(near_other)[0] == 0.0
     assert corr.weight(unseen)[0] == 0.0 and corr.predict(unseen)[0] == 1.0  # the composition itself
 

@@ -110,8 +110,8 @@ class Correction:
     """xgboost on log10(label / baseline), bounded and shrunk by an applicability-domain weight; predicts
     baseline * 10^(w * clip(f(x))). scikit-learn contract: fit returns self, learned attributes end in `_`.
 
-    domain: "framework" gates on (framework family, hardware) pairs seen in training (time: trainers built alike
-    share one family, megatron/nanotron and deepspeed/fsdp); "device" on the device class (memory: a correction
+    domain: "framework" gates on (framework family, hardware, single or multi node) seen in training (time: trainers
+    built alike share one family, megatron/nanotron and deepspeed/fsdp); "device" on the device class (memory: a correction
     learned on one class did not carry to the other)."""
 
     def __init__(self, *, kind: str, seed: int = 0, params: dict | None = None, domain: str = "framework",
@@ -138,14 +138,18 @@ class Correction:
     def _X(self, df: pl.DataFrame) -> np.ndarray:
         return self.features(df).fill_nan(0.0).fill_null(0.0).to_numpy().astype(float)
 
-    def _domain_key(self, framework: str, hardware: str) -> str:
+    def _domain_key(self, framework: str, hardware: str, multi_node: bool) -> str:
         if self.domain == "device":
             return "cpu" if hardware == "cpu" else "gpu"
-        return f"{FAMILY.get(framework, framework)}:{hardware}"
+        # Crossing nodes changes the communication regime (NVLink -> the network); a correction learned on one
+        # node said the wrong thing about several: the playbook's single-node pp-8 runs are 3-4x slower than
+        # composed, its 2-4 node pp-8 runs are not, and carrying the factor over cost 5 points on its scale-out.
+        return f"{FAMILY.get(framework, framework)}:{hardware}:{'multi' if multi_node else 'single'}-node"
 
     def domain_keys(self, df: pl.DataFrame) -> list[str]:
-        return [self._domain_key(f, g) for f, g in zip(df["p_framework"].to_list(), df["g_name"].to_list(),
-                                                         strict=True)]
+        multi = (df["c_nodes"] > 1).to_list() if "c_nodes" in df.columns else [False] * df.height
+        return [self._domain_key(f, g, m) for f, g, m in zip(df["p_framework"].to_list(), df["g_name"].to_list(),
+                                                               multi, strict=True)]
 
     def fit(self, df: pl.DataFrame, y: np.ndarray, weight: np.ndarray | None = None) -> Correction:
         X = self._X(df)
