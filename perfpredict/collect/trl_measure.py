@@ -50,9 +50,12 @@ def peak_from_profile(prof: Any) -> int:
 class StepProbe(TrainerCallback):
     """Barrier-stamped step ends; the profiled last step's peak live tensor bytes."""
 
-    def __init__(self, total_steps: int, *, profile_last: bool = True) -> None:
+    def __init__(self, total_steps: int, *, profile_last: bool = True, memtracker: bool = False) -> None:
         self.total_steps = total_steps
         self.profile_last = profile_last
+        self.memtracker = memtracker  # cross-check: torch's MemTracker on the same step instead of the profiler
+        self.tracker_bytes: int | None = None
+        self._mt: Any = None
         self.ends: list[float] = []
         self.base_bytes: int | None = None
         self.during_bytes: int | None = None
@@ -64,7 +67,14 @@ class StepProbe(TrainerCallback):
         self.ends.append(time.perf_counter())
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if self.profile_last and state.global_step == self.total_steps - 1:
+        if self.profile_last and state.global_step == self.total_steps - 1 and self.memtracker:
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            self.base_bytes = live_tensor_bytes("cpu")
+            self._mt = MemTracker()
+            self._mt.track_external(*(x for x in (kw.get("model"), kw.get("optimizer")) if x is not None))
+            self._mt.__enter__()
+        elif self.profile_last and state.global_step == self.total_steps - 1:
             from torch.profiler import ProfilerActivity, profile
 
             self.base_bytes = live_tensor_bytes("cpu")
@@ -72,6 +82,11 @@ class StepProbe(TrainerCallback):
             self._prof.__enter__()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._mt is not None:
+            self._mt.__exit__(None, None, None)
+            snap = self._mt.get_tracker_snapshot("peak")
+            self.tracker_bytes = max(int(v.get("Total", 0)) for v in snap.values()) if snap else None
+            self._mt = None
         if self._prof is not None:
             self._prof.__exit__(None, None, None)
             self.during_bytes = peak_from_profile(self._prof)
