@@ -109,6 +109,8 @@ def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TR
         warmup: int = typer.Option(2, "--warmup", help="Warm-up optimizer steps per config (>= 1)."),
         steps: int = typer.Option(4, "--steps", help="Timed optimizer steps per config."),
         retries: int = typer.Option(1, "--retries", help="Re-runs of a config the timing gate calls disturbed."),
+        retry_above: float = typer.Option(1.0, "--retry-above", help="Re-run only when the disturbance (1 = at the "
+                                          "gate's limits: calibration 1.12x, 0.3 competing cores) exceeds this."),
         timeout: float = typer.Option(300.0, "--timeout", help="Seconds without a result before a launch is "
                                       "killed and its config recorded as a timeout."),
         chunk: int = typer.Option(10, "--chunk", help="Configs per worker launch."),
@@ -126,12 +128,12 @@ def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TR
     if not chosen or bad:
         raise PerfPredictError(f"--backends: unknown {', '.join(bad) or '(none given)'}; accepted: "
                                f"{', '.join(BACKENDS)}")
-    if configs < 1 or timeout <= 0 or chunk < 1 or max_step_s <= 0:
-        raise PerfPredictError("--configs, --chunk must be >= 1 and --timeout, --max-step-s positive")
+    if configs < 1 or timeout <= 0 or chunk < 1 or max_step_s <= 0 or retry_above <= 0:
+        raise PerfPredictError("--configs, --chunk must be >= 1 and --timeout, --max-step-s, --retry-above positive")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     path = collect_trl(n=configs, out_dir=out, seed=seed, backends=chosen, shapes=tuple(shapes) if shapes else None,
                        warmup=warmup, steps=steps, max_retries=retries, timeout_s=timeout, chunk=chunk,
-                       max_step_s=max_step_s, command=_command(), log=lambda s: typer.echo(s, err=True))
+                       max_step_s=max_step_s, retry_above=retry_above, command=_command(), log=lambda s: typer.echo(s, err=True))
     typer.echo(f"rows in {path}")
 
 

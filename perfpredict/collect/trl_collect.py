@@ -69,7 +69,7 @@ def _read_lines(path: Path) -> list[str]:
 
 
 def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, warmup: int, steps: int,
-              baseline: float, max_retries: int, timeout_s: float,
+              baseline: float, max_retries: int, timeout_s: float, retry_above: float,
               on_result: Callable[[str, TrlConfig, dict[str, Any]], None], log: Callable[[str], None]) -> None:
     """Measure items in worker launches until each has a result (relaunching after a hang or crash)."""
     todo = list(items)
@@ -82,7 +82,8 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
         results, progress = d / "results.jsonl", d / "progress.txt"
         job.write_text(json.dumps({"configs": [{"key": k, "config": c.to_dict()} for k, c in todo],
                                    "warmup": warmup, "steps": steps, "baseline_s": baseline,
-                                   "max_retries": max_retries, "results": str(results),
+                                   "max_retries": max_retries, "retry_above": retry_above,
+                                   "results": str(results),
                                    "progress": str(progress)}))
         by_key = dict(todo)
         seen = 0
@@ -127,7 +128,8 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
 
 def collect_trl(*, n: int, out_dir: Path | None = None, seed: int = 0, backends: tuple[str, ...] = ("single", "ddp"),
                 shapes: tuple[str, ...] | None = None, warmup: int = 2, steps: int = 4, max_retries: int = 1,
-                timeout_s: float = 300.0, chunk: int = 10, max_step_s: float = 1.5, command: str = "",
+                timeout_s: float = 300.0, chunk: int = 10, max_step_s: float = 1.5, retry_above: float = 1.0,
+                command: str = "",
                 configs: list[TrlConfig] | None = None, log: Callable[[str], None] = print) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -169,7 +171,8 @@ def collect_trl(*, n: int, out_dir: Path | None = None, seed: int = 0, backends:
             items = [(keys[id(c)], c) for c in cfgs]
             assert all(k in by_key for k, _ in items)
             run_chunk(cfgs[0].world, items, work=Path(tmp) / f"chunk{i}", warmup=warmup, steps=steps,
-                      baseline=baseline, max_retries=max_retries, timeout_s=timeout_s, on_result=on_result,
+                      baseline=baseline, max_retries=max_retries, timeout_s=timeout_s, retry_above=retry_above,
+                      on_result=on_result,
                       log=log)
     log(f"{counts['ok']} ok, {counts['failed']} failed rows appended to {path}")
     return path

@@ -47,6 +47,7 @@ ACCUMS = (1, 4)
 JITTERS = (0.0, 0.25)
 # One fp32 thread: ~30 GFLOP/s on 1024^3 GEMMs on this AMD EPYC while others share the cores; ~20 overall.
 EFFECTIVE_FLOPS = 20e9
+LOGIT_S = 67e-9  # seconds per logit per pass at vocab 32k (scaled linearly with vocab below it)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,10 @@ def estimated_step_s(cfg: TrlConfig) -> float:
     passes = 3.0 + (1.0 if cfg.checkpointing else 0.0) + (1.0 if cfg.reference == "live" else 0.0)
     if cfg.trainer == "kto":
         passes += 0.5  # the KL forward (no grad) on half the rows
-    return fwd * passes / EFFECTIVE_FLOPS
+    # The vocabulary path (log-softmax, entropy... over tokens x vocab) is memory-bound and was seen far slower
+    # per logit at vocab 32k than at 2k (first rows: a 32k-vocab DPO step ~6x its GEMM estimate).
+    logits_s = tokens * m.vocab * 3.0 * LOGIT_S * (m.vocab / 32000)
+    return fwd * passes / EFFECTIVE_FLOPS + logits_s
 
 
 def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single", "ddp", "fsdp"),
@@ -138,10 +142,10 @@ def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single",
     i = 0
     while len(out) < n and i < 20 * n + 100:
         shape = names[i % len(names)]
-        # shape and combo counts are coprime (7, 8): every pair comes up once in 56 slots; the backend flips
-        # parity every 56 slots so each (combo, backend) pair comes up too.
+        # shape and combo counts are coprime (7, 8): every pair comes up once in 56 slots; the backend shifts
+        # by one every 8 slots, so each (combo, backend) pair comes up every 16 (with 2 backends).
         trainer, loss, ref = COMBOS[i % len(COMBOS)]
-        backend = backends[(i + i // (len(names) * len(COMBOS))) % len(backends)]
+        backend = backends[(i + i // len(COMBOS)) % len(backends)]
         i += 1
         ckpt, jitter = rng.random() < 0.5, rng.choice(JITTERS)
         pfree = trainer == "dpo" and rng.random() < 0.15
