@@ -28,8 +28,11 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def peak_from_profile(prof: Any) -> int:
-    """Running maximum of bytes allocated minus freed, over the profiler's allocation events in time order."""
+def peak_from_profile(prof: Any) -> tuple[int, int]:
+    """(running maximum, final value) of bytes allocated minus freed, over the profiler's allocation events in
+    time order. The final value checks the peak: the live bytes at the step's end should be the live bytes at its
+    start plus it (frees of blocks allocated before the profiler started carry no size and are dropped: they
+    would show as end < start + final)."""
     from torch._C._profiler import _EventType
 
     events: list[tuple[int, int]] = []
@@ -44,7 +47,7 @@ def peak_from_profile(prof: Any) -> int:
     for _, size in events:
         cur += size
         peak = max(peak, cur)
-    return peak
+    return peak, cur
 
 
 class StepProbe(TrainerCallback):
@@ -55,6 +58,8 @@ class StepProbe(TrainerCallback):
         self.profile_last = profile_last
         self.memtracker = memtracker  # cross-check: torch's MemTracker on the same step instead of the profiler
         self.tracker_bytes: int | None = None
+        self.net_bytes: int | None = None
+        self.end_bytes: int | None = None
         self._mt: Any = None
         self.ends: list[float] = []
         self.base_bytes: int | None = None
@@ -89,8 +94,9 @@ class StepProbe(TrainerCallback):
             self._mt = None
         if self._prof is not None:
             self._prof.__exit__(None, None, None)
-            self.during_bytes = peak_from_profile(self._prof)
+            self.during_bytes, self.net_bytes = peak_from_profile(self._prof)
             self._prof = None
+            self.end_bytes = live_tensor_bytes("cpu")
             try:
                 import psutil
 

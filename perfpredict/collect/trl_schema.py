@@ -28,7 +28,8 @@ TRL_COLUMNS: dict[str, Any] = {
     "padded_tokens_mean": pl.Float64, "real_tokens_mean": pl.Float64, "completion_tokens_mean": pl.Float64,
     "batches_seen": pl.Int64, "batch_shapes": pl.Utf8, "ref_in_memory": pl.Boolean, "construct_s": pl.Float64,
     "params_measured": pl.Int64, "base_memory_gib": pl.Float64, "rss_gib": pl.Float64,
-    "competing_load_cores": pl.Float64, "trace": pl.Utf8,
+    "competing_load_cores": pl.Float64, "end_memory_gib": pl.Float64, "net_memory_gib": pl.Float64,
+    "trace": pl.Utf8,
 }
 
 
@@ -111,7 +112,9 @@ def trl_row(cfg: TrlConfig, res: dict[str, Any], *, key: str, warmup: int, steps
                samples_per_s=cfg.per_device_batch * per_step / median,
                step_times_s=json.dumps([round(t, 6) for t in times]), losses=json.dumps([r0.get("train_loss")]),
                rss_gib=max((r.get("rss_bytes") or 0) for r in ranks) / GiB,
-               base_memory_gib=max((r.get("base_bytes") or 0) for r in ranks) / GiB,
+               base_memory_gib=(r0.get("base_bytes") or 0) / GiB,
+               end_memory_gib=(r0.get("end_bytes") or 0) / GiB if r0.get("end_bytes") is not None else None,
+               net_memory_gib=(r0.get("net_bytes") or 0) / GiB if r0.get("net_bytes") is not None else None,
                ddp_bucket_bytes=int(r0.get("grad_bytes") or 0) if r0.get("distributed_type") == "MULTI_CPU" else 0)
     for k in ("distributed_type", "padding_free_effective", "batch_rows", "padded_len_mean", "padded_len_max",
               "padded_len_min", "padded_tokens_mean", "real_tokens_mean", "completion_tokens_mean", "batches_seen",

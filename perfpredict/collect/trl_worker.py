@@ -90,6 +90,7 @@ def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str) -> dict[str
     out = trainer.train()
     res: dict[str, Any] = {
         "times_s": probe.step_times(warmup, steps), "peak_bytes": probe.peak_bytes, "base_bytes": probe.base_bytes,
+        "net_bytes": probe.net_bytes, "end_bytes": probe.end_bytes,
         "rss_bytes": probe.rss_bytes, "construct_s": construct_s, "ref_in_memory": ref_in_memory,
         "distributed_type": dist_type, "params_measured": params, "grad_bytes": grad_bytes,
         "train_loss": float(out.training_loss), "steps_done": int(trainer.state.global_step),
