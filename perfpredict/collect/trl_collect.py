@@ -61,6 +61,7 @@ def _env() -> dict[str, str]:
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1",
                HF_DATASETS_DISABLE_PROGRESS_BARS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    env.setdefault("PP_AUTOGROUP_NICE", "-10")  # see trl_worker._autogroup_nice
     return env
 
 
@@ -120,8 +121,15 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
         timed_out = time.monotonic() - last > timeout_s
         tail = (d / "log.txt").read_text(errors="replace").strip().splitlines()[-4:]
         msg = " | ".join(t.strip() for t in tail if "USDT" not in t)[-400:]
-        res = failed_result("timeout", f"no result within {timeout_s:g} s (killed)") if timed_out else \
-            failed_result("error", f"worker exited {proc.returncode}: {msg}")
+        errs = sorted(d.glob(f"{stuck}.rank*.err.json"))
+        if errs:  # a rank failed and exited at once (trl_worker._fail_fast): its own error, not the launcher's
+            e = json.loads(errs[0].read_text())
+            res = failed_result(e.get("outcome") or "error", e.get("error") or "rank failed")
+            res["trace"] = e.get("trace")
+        elif timed_out:
+            res = failed_result("timeout", f"no result within {timeout_s:g} s (killed)")
+        else:
+            res = failed_result("error", f"worker exited {proc.returncode}: {msg}")
         on_result(stuck, dict(todo)[stuck], res)
         todo = [(k, c) for k, c in todo if k != stuck]
 

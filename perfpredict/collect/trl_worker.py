@@ -66,13 +66,26 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str) -> dict[str, Any]:
+def on_disk(train: Any, shared_dir: str) -> Any:
+    """The dataset saved by rank 0 and loaded by every rank from one folder, as a dataset loaded from disk or the
+    Hub is: TRL's reference precompute writes its cache file beside the dataset's own cache files and every rank
+    reads it back (dpo_trainer.py:1168-1240); with an in-memory dataset each rank looks in its own temporary folder
+    and the other ranks fail (FileNotFoundError), so in-memory datasets cannot precompute under DDP."""
+    from datasets import load_from_disk
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        train.save_to_disk(shared_dir)
+    _barrier()
+    return load_from_disk(shared_dir)
+
+
+def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str, shared_dir: str) -> dict[str, Any]:
     """Build the trainer and train warmup + steps + 1 (profiled) optimizer steps; this rank's figures."""
     total = warmup + steps + 1
     tok = tokenizer(_vocab(cfg))
     model = llama(cfg.shape, tok, cfg.seed)
     ref = llama(cfg.shape, tok, cfg.seed) if cfg.reference == "live" else None
-    train = dataset(cfg, examples_needed(cfg, total))
+    train = on_disk(dataset(cfg, examples_needed(cfg, total)), shared_dir)
     probe, rec = StepProbe(total), BatchRecorder()
     t0 = time.perf_counter()
     trainer = build_trainer(cfg, model=model, ref_model=ref, tok=tok, train=train, steps=total, out_dir=tmp,
@@ -107,7 +120,16 @@ def _vocab(cfg: TrlConfig) -> int:
     return SHAPES[cfg.shape].vocab
 
 
-def attempt(cfg: TrlConfig, *, warmup: int, steps: int) -> dict[str, Any]:
+def _fail_fast(key: str, mine: dict[str, Any], err_dir: str) -> None:
+    """A rank that failed while its peers may sit in a collective: leave its error for the parent and exit at
+    once, so the launcher tears the other ranks down instead of both blocking forever (as collect.run_step)."""
+    rank = dist.get_rank()
+    with open(os.path.join(err_dir, f"{key}.rank{rank}.err.json"), "w") as fh:
+        json.dump({k: mine.get(k) for k in ("outcome", "error", "trace")}, fh)
+    os._exit(3)
+
+
+def attempt(cfg: TrlConfig, *, warmup: int, steps: int, key: str = "", err_dir: str = "") -> dict[str, Any]:
     """One measured attempt of cfg (every rank); returns the merged result on every rank."""
     gc.collect()
     _barrier()
@@ -115,16 +137,24 @@ def attempt(cfg: TrlConfig, *, warmup: int, steps: int) -> dict[str, Any]:
     _barrier()
     busy0, steal0, own0, t0 = timing._busy_cpu_s(), timing._steal_cpu_s(), _own_cpu_s(), time.monotonic()
     tmp = tempfile.mkdtemp(prefix="pp-trl-")
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    shared = _broadcast(tempfile.mkdtemp(prefix="pp-trl-ds-", dir=err_dir or None) if rank0 else None)
     mine: dict[str, Any] = {"outcome": "ok", "error": None}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mine.update(run_config(cfg, warmup=warmup, steps=steps, tmp=tmp))
+            mine.update(run_config(cfg, warmup=warmup, steps=steps, tmp=tmp, shared_dir=shared))
     except Exception as e:  # noqa: BLE001 - a failed config is a row
         mine.update(outcome="oom" if is_oom(e) else "error",
                     error=f"{type(e).__name__}: {e}"[:600], trace=traceback.format_exc()[-2000:])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if mine["outcome"] == "ok":
+        _barrier()  # every rank is done with the shared dataset folder
+        if rank0:
+            shutil.rmtree(shared, ignore_errors=True)
+    if mine["outcome"] != "ok" and dist.is_initialized() and err_dir:
+        _fail_fast(key, mine, err_dir)
     gc.collect()
     _barrier()
     wall = time.monotonic() - t0
@@ -155,14 +185,14 @@ def disturbance(a: dict[str, Any], baseline: float) -> float:
 
 
 def measure(cfg: TrlConfig, *, warmup: int, steps: int, baseline: float, max_retries: int,
-            retry_above: float = 1.0) -> dict[str, Any]:
+            retry_above: float = 1.0, key: str = "", err_dir: str = "") -> dict[str, Any]:
     """The config measured, re-run while its disturbance (1 = at the gate's limits) is above retry_above."""
     attempts: list[dict[str, Any]] = []
     for i in range(max_retries + 1):
         if i > 0 and (not dist.is_initialized() or dist.get_rank() == 0):
             timing.wait_quiet(max_wait_s=5.0)
         _barrier()
-        a = attempt(cfg, warmup=warmup, steps=steps)
+        a = attempt(cfg, warmup=warmup, steps=steps, key=key, err_dir=err_dir)
         attempts.append(a)
         if a["outcome"] != "ok" or _broadcast(disturbance(a, baseline)) <= retry_above:
             break
@@ -171,11 +201,26 @@ def measure(cfg: TrlConfig, *, warmup: int, steps: int, baseline: float, max_ret
     return {**best, "attempts": len(attempts), "calib_baseline_s": baseline}
 
 
+def _autogroup_nice() -> None:
+    """With CFS autogroups (/proc/sys/kernel/sched_autogroup_enabled = 1) a nice value only ranks processes inside
+    one session: the neighbours' `nice -n 19` work in their own sessions competes with this launch as an equal
+    group. PP_AUTOGROUP_NICE (set by the collector) gives this launch's group the weight a normal-priority job was
+    meant to have over them; without the permission it stays as it is."""
+    value = os.environ.get("PP_AUTOGROUP_NICE")
+    if value:
+        try:
+            with open("/proc/self/autogroup", "w") as fh:
+                fh.write(value)
+        except OSError:
+            pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--job", required=True)
     job = json.loads(open(ap.parse_args().job).read())
     torch.set_num_threads(1)
+    _autogroup_nice()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -186,7 +231,8 @@ def main() -> None:
             with open(job["progress"], "a") as fh:
                 fh.write(f"START {raw['key']}\n")
         res = measure(cfg, warmup=job["warmup"], steps=job["steps"], baseline=baseline,
-                      max_retries=job["max_retries"], retry_above=float(job.get("retry_above", 1.0)))
+                      max_retries=job["max_retries"], retry_above=float(job.get("retry_above", 1.0)),
+                      key=raw["key"], err_dir=os.path.dirname(job["results"]))
         # Both calibrations well under the baseline: it was taken on a busy machine; lower it (as runs.run_one).
         if max(res["calib_before_s"], res["calib_after_s"]) < 0.95 * baseline:
             baseline = max(res["calib_before_s"], res["calib_after_s"])
