@@ -10,9 +10,11 @@
   dpo_trainer.py:956-962) projects the hidden states through the head in 32768-token tiles; off Triton devices (this
   CPU) it scores every position (utils.py:1640-1652). CPO/ORPO (trl/experimental) still build the full
   (2B, T, V) logits (cpo_trainer.py:792-835) and take selective_log_softmax of them.
-- FSDP: `fsdp="full_shard auto_wrap"` with FSDP2 per LlamaDecoderLayer; accelerate 1.15 turns FSDP on only for GPU
-  -like distributed types (accelerate/state.py:986-1013), so on MULTI_CPU it may not engage: the worker records the
-  distributed type accelerate really used."""
+- FSDP: `fsdp="full_shard auto_wrap"` with FSDP2 per LlamaDecoderLayer. accelerate 1.15 turns FSDP on only for
+  accelerator distributed types (accelerate/state.py:986-1016): on MULTI_CPU it would silently wrap the model in
+  DDP. `enable_fsdp_on_cpu` sets the state's distributed type to FSDP when an FSDP plugin was given (the one line
+  accelerate skips on CPU); everything after it (fsdp2_prepare_model, TRL's prepare_fsdp of the reference) is
+  accelerate's and TRL's own code, and FSDP2 `fully_shard` runs over gloo (shared/notes/cpu-measurement.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,29 @@ from typing import Any
 from perfpredict.collect.trl_grid import TrlConfig
 
 LAYER_CLASS = "LlamaDecoderLayer"
+
+
+def enable_fsdp_on_cpu() -> None:
+    """Let accelerate's FSDP path run on CPU (see the module docstring); idempotent."""
+    import accelerate.state as state
+    from accelerate.utils import DistributedType
+
+    init = state.AcceleratorState.__init__
+    if getattr(init, "_pp_fsdp_on_cpu", False):
+        return
+
+    def patched(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        plugin = kwargs.get("fsdp_plugin")
+        if plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = plugin
+            # Later AcceleratorState() calls copy PartialState's shared fields over their own (state.py:914-919):
+            # the shared distributed type must say FSDP too, or the next one reads MULTI_CPU again.
+            state.PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    patched._pp_fsdp_on_cpu = True  # type: ignore[attr-defined]
+    state.AcceleratorState.__init__ = patched
 
 
 def common_args(cfg: TrlConfig, *, steps: int, out_dir: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from perfpredict.collect.run_step import is_oom
 from perfpredict.collect.trl_data import dataset, examples_needed, llama, tokenizer
 from perfpredict.collect.trl_grid import TrlConfig
 from perfpredict.collect.trl_measure import BatchRecorder, StepProbe
-from perfpredict.collect.trl_trainers import build_trainer
+from perfpredict.collect.trl_trainers import build_trainer, enable_fsdp_on_cpu
 from perfpredict.core.dataset import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES
 
 
@@ -79,13 +79,28 @@ def on_disk(train: Any, shared_dir: str) -> Any:
     return load_from_disk(shared_dir)
 
 
+def from_disk(model: Any, path: str) -> Any:
+    from transformers import LlamaForCausalLM
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        model.save_pretrained(path)
+    _barrier()
+    return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
 def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str, shared_dir: str) -> dict[str, Any]:
     """Build the trainer and train warmup + steps + 1 (profiled) optimizer steps; this rank's figures."""
     total = warmup + steps + 1
     tok = tokenizer(_vocab(cfg))
     model = llama(cfg.shape, tok, cfg.seed)
     ref = llama(cfg.shape, tok, cfg.seed) if cfg.reference == "live" else None
-    train = on_disk(dataset(cfg, examples_needed(cfg, total)), shared_dir)
+    train = on_disk(dataset(cfg, examples_needed(cfg, total)), shared_dir + "/data")
+    if cfg.backend == "fsdp":
+        enable_fsdp_on_cpu()
+        if cfg.reference == "precomputed":
+            # Under FSDP TRL builds a reference from the policy's path to precompute with (dpo_trainer.py:908-926,
+            # 1032-1033), as it does for a user's model loaded by name: the random model is saved and reloaded.
+            model = from_disk(model, shared_dir + "/model")
     probe, rec = StepProbe(total), BatchRecorder()
     t0 = time.perf_counter()
     trainer = build_trainer(cfg, model=model, ref_model=ref, tok=tok, train=train, steps=total, out_dir=tmp,
@@ -94,9 +109,7 @@ def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str, shared_dir:
     trainer.data_collator = rec.wrap(trainer.data_collator)
     ref_in_memory = getattr(trainer, "ref_model", None) is not None
     dist_type = str(trainer.accelerator.distributed_type).split(".")[-1]
-    if cfg.backend == "fsdp" and dist_type != "FSDP":
-        # accelerate 1.15 enables FSDP only for GPU-like distributed types (accelerate/state.py:986-1013): on CPU
-        # the model would silently be wrapped in DDP instead.
+    if cfg.backend == "fsdp" and dist_type != "FSDP":  # enable_fsdp_on_cpu did not take: never record DDP as FSDP
         raise RuntimeError(f"FSDP requested but accelerate runs the model as {dist_type} on this machine")
     params = sum(p.numel() for p in model.parameters())
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
