@@ -126,3 +126,28 @@ def test_one_tiny_dpo_config_runs_for_real(tmp_path):
     assert r["base_memory_gib"] * 2**30 >= 2 * 4 * r["params_measured"]
     # DPO concatenates chosen and rejected: 2 rows per pair; prompt 16 + completion 16 + EOS = 33 tokens.
     assert r["batch_rows"] == 2 and r["padded_len_max"] == 33 and r["ref_in_memory"]
+
+
+def test_forwards_of_reads_each_trainers_batch():
+    torch = pytest.importorskip("torch")
+    from perfpredict.collect.trl_trainers import forwards_of
+
+    ids = torch.ones(4, 10, dtype=torch.long)
+    mask = torch.ones(4, 10, dtype=torch.long)
+    mask[3, 7:] = 0
+    comp = torch.zeros(4, 10, dtype=torch.long)
+    comp[:, 5:] = 1
+    # DPO: one forward of [chosen; rejected] (2 pairs -> 4 rows)
+    assert forwards_of({"input_ids": ids, "attention_mask": mask, "completion_mask": comp}) == [(4, 10, 37, 20)]
+    # KTO: the batch and its KL batch
+    kto = {"input_ids": ids[:2], "attention_mask": mask[:2], "completion_mask": comp[:2],
+           "KL_input_ids": ids[:2, :8], "KL_attention_mask": mask[:2, :8], "KL_completion_mask": comp[:2, :8]}
+    assert forwards_of(kto) == [(2, 10, 20, 10), (2, 8, 16, 6)]
+    # CPO/ORPO: chosen and rejected padded to the longer and concatenated; scored where labels != -100
+    labels = torch.full((2, 6), -100)
+    labels[:, 3:] = 1
+    cpo = {"chosen_input_ids": ids[:2, :6], "rejected_input_ids": ids[:2, :9],
+           "chosen_attention_mask": mask[:2, :6], "rejected_attention_mask": mask[:2, :9],
+           "chosen_labels": labels, "rejected_labels": torch.cat([labels, labels[:, :3]], 1),
+           "prompt_input_ids": ids[:2, :3]}
+    assert forwards_of(cpo) == [(4, 9, 30, 12)]
