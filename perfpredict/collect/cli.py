@@ -115,7 +115,9 @@ def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TR
                                       "killed and its config recorded as a timeout."),
         chunk: int = typer.Option(10, "--chunk", help="Configs per worker launch."),
         max_step_s: float = typer.Option(1.5, "--max-step-s", help="Skip sampled configs estimated slower than "
-                                         "this per optimizer step.")) -> None:
+                                         "this per optimizer step."),
+        min_seq: int = typer.Option(128, "--min-seq", help="Shortest prompt+completion length sampled (128, 256, "
+                                    "512, 768 or 1024): a long-sequence supplement is --min-seq 512.")) -> None:
     """Run real TRL trainers (DPO sigmoid/IPO, CPO-SimPO, ORPO, KTO; reference live/precomputed/none) on random
     -weight Llama shapes, single process or accelerate DDP over gloo -> trl.parquet (resumable)."""
     import signal
@@ -133,7 +135,7 @@ def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TR
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     path = collect_trl(n=configs, out_dir=out, seed=seed, backends=chosen, shapes=tuple(shapes) if shapes else None,
                        warmup=warmup, steps=steps, max_retries=retries, timeout_s=timeout, chunk=chunk,
-                       max_step_s=max_step_s, retry_above=retry_above, command=_command(), log=lambda s: typer.echo(s, err=True))
+                       max_step_s=max_step_s, retry_above=retry_above, min_seq=min_seq, command=_command(), log=lambda s: typer.echo(s, err=True))
     typer.echo(f"rows in {path}")
 
 

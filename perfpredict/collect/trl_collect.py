@@ -137,7 +137,7 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
 def collect_trl(*, n: int, out_dir: Path | None = None, seed: int = 0, backends: tuple[str, ...] = ("single", "ddp"),
                 shapes: tuple[str, ...] | None = None, warmup: int = 2, steps: int = 4, max_retries: int = 1,
                 timeout_s: float = 300.0, chunk: int = 10, max_step_s: float = 1.5, retry_above: float = 1.0,
-                command: str = "",
+                min_seq: int = 128, command: str = "",
                 configs: list[TrlConfig] | None = None, log: Callable[[str], None] = print) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -148,7 +148,7 @@ def collect_trl(*, n: int, out_dir: Path | None = None, seed: int = 0, backends:
     out = Path(out_dir) if out_dir else default_out_dir()
     path = out / TABLE
     grid = configs if configs is not None else sample_grid(n, seed=seed, backends=backends, shapes=shapes,
-                                                           max_step_s=max_step_s)
+                                                           max_step_s=max_step_s, min_seq=min_seq)
     todo = pending(grid, path, warmup=warmup, steps=steps)
     log(f"{len(grid)} configs, {len(grid) - len(todo)} already in {path}, {len(todo)} to measure")
     if not todo:

@@ -125,10 +125,12 @@ def estimated_step_s(cfg: TrlConfig) -> float:
 
 
 def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single", "ddp", "fsdp"),
-                shapes: tuple[str, ...] | None = None, max_step_s: float = 2.5) -> list[TrlConfig]:
+                shapes: tuple[str, ...] | None = None, max_step_s: float = 2.5,
+                min_seq: int = SEQ_LENS[0]) -> list[TrlConfig]:
     """n configs in run order: shapes, objective combos and backends rotate so any prefix is balanced; sequence
     length, prompt share, checkpointing and jitter are drawn at random (seeded), then batch and accumulation are
-    drawn among those whose estimated step cost is under max_step_s (the sequence is shortened if none is)."""
+    drawn among those whose estimated step cost is under max_step_s (the sequence is shortened if none is, never
+    below min_seq: a supplement of long sequences is `min_seq=512`)."""
     for b in backends:
         if b not in BACKENDS:
             raise PerfPredictError(f"unknown backend {b!r}; accepted: {', '.join(BACKENDS)}")
@@ -136,6 +138,9 @@ def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single",
     for s in names:
         if s not in SHAPES:
             raise PerfPredictError(f"unknown shape {s!r}; accepted: {', '.join(SHAPES)}")
+    if min_seq not in SEQ_LENS:
+        raise PerfPredictError(f"min_seq must be one of {SEQ_LENS}, got {min_seq}")
+    floor = SEQ_LENS.index(min_seq)
     rng = random.Random(seed)
     out: list[TrlConfig] = []
     seen: set[TrlConfig] = set()
@@ -153,7 +158,7 @@ def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single",
         batches = BATCHES[1:] if trainer == "kto" else BATCHES
         # Draw every knob, then shrink a randomly chosen one until the config is under the cost cap, so long
         # sequences, big batches and accumulation each keep a share instead of the cap always cutting the same one.
-        knobs = {"seq": SEQ_LENS.index(rng.choice(SEQ_LENS)), "batch": rng.randrange(len(batches)),
+        knobs = {"seq": SEQ_LENS.index(rng.choice(SEQ_LENS[floor:])), "batch": rng.randrange(len(batches)),
                  "accum": rng.randrange(len(ACCUMS))}
 
         def make(k: dict[str, int]) -> TrlConfig:
@@ -168,12 +173,13 @@ def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single",
         # way, at up to twice the cap: without it the cap would leave these corners nearly empty on a slow CPU.
         held = ("accum", "batch", "seq", None, None)[i % 5]
         if held:
-            knobs[held] = {"accum": 1, "batch": len(batches) - 2, "seq": 2}[held] + (
+            knobs[held] = {"accum": 1, "batch": len(batches) - 2, "seq": max(2, floor)}[held] + (
                 rng.randrange(2) if held != "accum" else 0)
         cap = 2 * max_step_s if held else max_step_s
         cfg = make(knobs)
-        while estimated_step_s(cfg) > cap and any(v > 0 for k, v in knobs.items() if k != held):
-            knob = rng.choice([k for k, v in knobs.items() if v > 0 and k != held])
+        lowest = {"seq": floor, "batch": 0, "accum": 0}
+        while estimated_step_s(cfg) > cap and any(v > lowest[k] for k, v in knobs.items() if k != held):
+            knob = rng.choice([k for k, v in knobs.items() if v > lowest[k] and k != held])
             knobs[knob] -= 1
             cfg = make(knobs)
         if cfg in seen or estimated_step_s(cfg) > 3 * max_step_s:
