@@ -151,3 +151,10 @@ def test_forwards_of_reads_each_trainers_batch():
            "chosen_labels": labels, "rejected_labels": torch.cat([labels, labels[:, :3]], 1),
            "prompt_input_ids": ids[:2, :3]}
     assert forwards_of(cpo) == [(4, 9, 30, 12)]
+
+
+def test_long_sequence_supplement_keeps_its_floor():
+    g = sample_grid(20, seed=7, backends=("single", "ddp"), max_step_s=2.5, min_seq=512)
+    assert g and all(c.seq_len >= 512 for c in g)
+    with pytest.raises(PerfPredictError):
+        sample_grid(5, min_seq=300)
