@@ -2,6 +2,7 @@
 
     perfpredict collect probes [--quick] [--out DIR]
     perfpredict collect runs [--plans N] [--models M ...] [--out DIR] [--timeout S] [--seed N]
+    perfpredict collect trl [--configs N] [--backends single,ddp] [--shapes S ...] [--out DIR] [--seed N]
 
 Bad input raises PerfPredictError (one line; the top-level CLI prints it)."""
 
@@ -94,6 +95,47 @@ def generate(groups: int = typer.Option(14, "--groups", help="Groups to measure;
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     path = collect_generate(groups=groups, repeats=repeats, shapes=tuple(shapes) if shapes else None, out_dir=out,
                             python=python, seed=seed, command=_command(), start_timeout_s=timeout, timeout_s=timeout)
+    typer.echo(f"rows in {path}")
+
+
+@app.command()
+def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TRL configurations (same seed "
+                                    "resumes: configs already in trl.parquet are skipped)."),
+        backends: str = typer.Option("single,ddp", "--backends", help="Comma-separated: single, ddp, fsdp."),
+        shapes: list[str] | None = typer.Option(None, "--shapes", help="Model shapes (repeatable); default all."),
+        out: Path | None = typer.Option(None, "--out", help="Folder for trl.parquet "
+                                        "(default datasets/ours/<hardware hash>)."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the config sampling."),
+        warmup: int = typer.Option(2, "--warmup", help="Warm-up optimizer steps per config (>= 1)."),
+        steps: int = typer.Option(4, "--steps", help="Timed optimizer steps per config."),
+        retries: int = typer.Option(1, "--retries", help="Re-runs of a config the timing gate calls disturbed."),
+        retry_above: float = typer.Option(1.0, "--retry-above", help="Re-run only when the disturbance (1 = at the "
+                                          "gate's limits: calibration 1.12x, 0.3 competing cores) exceeds this."),
+        timeout: float = typer.Option(300.0, "--timeout", help="Seconds without a result before a launch is "
+                                      "killed and its config recorded as a timeout."),
+        chunk: int = typer.Option(10, "--chunk", help="Configs per worker launch."),
+        max_step_s: float = typer.Option(1.5, "--max-step-s", help="Skip sampled configs estimated slower than "
+                                         "this per optimizer step."),
+        min_seq: int = typer.Option(128, "--min-seq", help="Shortest prompt+completion length sampled (128, 256, "
+                                    "512, 768 or 1024): a long-sequence supplement is --min-seq 512.")) -> None:
+    """Run real TRL trainers (DPO sigmoid/IPO, CPO-SimPO, ORPO, KTO; reference live/precomputed/none) on random
+    -weight Llama shapes, single process or accelerate DDP over gloo -> trl.parquet (resumable)."""
+    import signal
+
+    from perfpredict.collect.trl_collect import collect_trl
+    from perfpredict.collect.trl_grid import BACKENDS
+
+    chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
+    bad = [b for b in chosen if b not in BACKENDS]
+    if not chosen or bad:
+        raise PerfPredictError(f"--backends: unknown {', '.join(bad) or '(none given)'}; accepted: "
+                               f"{', '.join(BACKENDS)}")
+    if configs < 1 or timeout <= 0 or chunk < 1 or max_step_s <= 0 or retry_above <= 0:
+        raise PerfPredictError("--configs, --chunk must be >= 1 and --timeout, --max-step-s, --retry-above positive")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    path = collect_trl(n=configs, out_dir=out, seed=seed, backends=chosen, shapes=tuple(shapes) if shapes else None,
+                       warmup=warmup, steps=steps, max_retries=retries, timeout_s=timeout, chunk=chunk,
+                       max_step_s=max_step_s, retry_above=retry_above, min_seq=min_seq, command=_command(), log=lambda s: typer.echo(s, err=True))
     typer.echo(f"rows in {path}")
 
 

@@ -1,0 +1,204 @@
+"""The configurations `perfpredict collect trl` measures: model shapes, trainer/objective/reference combinations and
+the sampled grid, in a run order that keeps a partial collection balanced. No torch here (unit-testable).
+
+What TRL 1.16 offers (installed sources, site-packages/trl):
+- DPO: trl/trainer/dpo_trainer.py (loss_type list incl. "sigmoid", "ipo": dpo_config.py:245; reference: `ref_model=`
+  or `precompute_ref_log_probs=True`: dpo_config.py:227, dpo_trainer.py:907-926; `padding_free` is accepted but
+  disabled with a warning: dpo_trainer.py:732-739).
+- CPO (SimPO = `loss_type="simpo"`, `cpo_alpha=0`): trl/experimental/cpo/cpo_config.py:121-139, reference-free.
+- ORPO: trl/experimental/orpo/orpo_trainer.py, reference-free.
+- KTO: promoted to trl/trainer/kto_trainer.py (trl.experimental.kto only re-exports it with a deprecation
+  warning); needs per-device batch > 1 for its KL term and sequential sampling (kto_trainer.py:836-846)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass
+
+from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.model import ModelSpec
+
+# Random-weight Llama shapes (untied embeddings, SwiGLU): ~1.6M to ~29M parameters, vocab 1k-32k.
+SHAPES: dict[str, ModelSpec] = {s.name: s for s in (
+    ModelSpec(name="t1-2k", layers=4, hidden=128, heads=4, kv_heads=4, ffn=512, vocab=2048),
+    ModelSpec(name="t2-8k", layers=4, hidden=256, heads=8, kv_heads=4, ffn=768, vocab=8192),
+    ModelSpec(name="t3-4k-deep", layers=8, hidden=256, heads=4, kv_heads=2, ffn=1024, vocab=4096),
+    ModelSpec(name="t4-32k-narrow", layers=2, hidden=128, heads=4, kv_heads=2, ffn=512, vocab=32000),
+    ModelSpec(name="t5-16k", layers=6, hidden=256, heads=8, kv_heads=2, ffn=1024, vocab=16384),
+    ModelSpec(name="t6-1k-wide", layers=2, hidden=768, heads=12, kv_heads=4, ffn=2048, vocab=1024),
+    ModelSpec(name="t7-16k-big", layers=4, hidden=512, heads=8, kv_heads=4, ffn=1536, vocab=16384),
+)}
+
+# (trainer, loss_type, reference): the objectives users run with TRL 1.16.
+COMBOS: tuple[tuple[str, str, str], ...] = (
+    ("dpo", "sigmoid", "live"), ("cpo", "simpo", "none"), ("dpo", "sigmoid", "precomputed"),
+    ("orpo", "orpo", "none"), ("dpo", "ipo", "live"), ("kto", "kto", "live"),
+    ("dpo", "ipo", "precomputed"), ("kto", "kto", "precomputed"),
+)
+OBJECTIVE = {"sigmoid": "dpo", "ipo": "ipo", "simpo": "simpo", "orpo": "orpo", "kto": "kto"}
+TRAINERS = ("dpo", "cpo", "orpo", "kto")
+BACKENDS = {"single": 1, "ddp": 2, "fsdp": 2}
+SEQ_LENS = (128, 256, 512, 768, 1024)
+PROMPT_FRACTIONS = (0.25, 0.5, 0.75)
+BATCHES = (1, 2, 4, 8)
+ACCUMS = (1, 4)
+JITTERS = (0.0, 0.25)
+# One fp32 thread: ~30 GFLOP/s on 1024^3 GEMMs on this AMD EPYC while others share the cores; ~20 overall.
+EFFECTIVE_FLOPS = 20e9
+LOGIT_S = 67e-9  # seconds per logit per pass at vocab 32k (scaled linearly with vocab below it)
+
+
+@dataclass(frozen=True)
+class TrlConfig:
+    trainer: str
+    loss_type: str
+    reference: str
+    backend: str
+    shape: str
+    per_device_batch: int
+    grad_accum: int
+    checkpointing: bool
+    padding_free: bool
+    prompt_len: int
+    completion_len: int
+    len_jitter: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        combo = (self.trainer, self.loss_type, self.reference)
+        if combo not in COMBOS:
+            raise PerfPredictError(f"unsupported trainer/loss/reference {combo}; accepted: {COMBOS}")
+        if self.backend not in BACKENDS:
+            raise PerfPredictError(f"unknown backend {self.backend!r}; accepted: {', '.join(BACKENDS)}")
+        if self.shape not in SHAPES:
+            raise PerfPredictError(f"unknown shape {self.shape!r}; accepted: {', '.join(SHAPES)}")
+        if self.per_device_batch < 1 or self.grad_accum < 1 or self.prompt_len < 1 or self.completion_len < 1:
+            raise PerfPredictError("per_device_batch, grad_accum, prompt_len and completion_len must be >= 1")
+        if self.trainer == "kto" and self.per_device_batch < 2:
+            raise PerfPredictError("KTO needs per_device_batch >= 2 (its KL term cycles completions in the batch)")
+        if not 0.0 <= self.len_jitter < 1.0:
+            raise PerfPredictError(f"len_jitter must be in [0, 1), got {self.len_jitter}")
+
+    @property
+    def world(self) -> int:
+        return BACKENDS[self.backend]
+
+    @property
+    def objective(self) -> str:
+        return OBJECTIVE[self.loss_type]
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.completion_len
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def key(self, *, warmup: int, steps: int, hardware: str) -> str:
+        """The resumability key (= run_id): the config plus what changes the measurement."""
+        blob = json.dumps({"cfg": self.to_dict(), "warmup": warmup, "steps": steps, "hardware": hardware},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def rows_per_forward(cfg: TrlConfig) -> int:
+    """Sequences in the policy's forwards per micro-batch: chosen+rejected concatenated, or KTO's batch + KL batch."""
+    return 2 * cfg.per_device_batch
+
+
+def estimated_step_s(cfg: TrlConfig) -> float:
+    """A rough cost of one optimizer step on one rank (to keep configs short; not a feature)."""
+    m = SHAPES[cfg.shape]
+    tokens = rows_per_forward(cfg) * cfg.seq_len * cfg.grad_accum
+    body = m.param_count - 2 * m.vocab * m.hidden
+    head = m.vocab * m.hidden
+    fwd = 2 * (body + head) * tokens + 4 * m.layers * m.hidden * cfg.seq_len * tokens
+    passes = 3.0 + (1.0 if cfg.checkpointing else 0.0) + (1.0 if cfg.reference == "live" else 0.0)
+    if cfg.trainer == "kto":
+        passes += 0.5  # the KL forward (no grad) on half the rows
+    # The vocabulary path (log-softmax, entropy... over tokens x vocab) is memory-bound and was seen far slower
+    # per logit at vocab 32k than at 2k (first rows: a 32k-vocab DPO step ~6x its GEMM estimate).
+    logits_s = tokens * m.vocab * 3.0 * LOGIT_S * (m.vocab / 32000)
+    return fwd * passes / EFFECTIVE_FLOPS + logits_s
+
+
+def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single", "ddp", "fsdp"),
+                shapes: tuple[str, ...] | None = None, max_step_s: float = 2.5,
+                min_seq: int = SEQ_LENS[0]) -> list[TrlConfig]:
+    """n configs in run order: shapes, objective combos and backends rotate so any prefix is balanced; sequence
+    length, prompt share, checkpointing and jitter are drawn at random (seeded), then batch and accumulation are
+    drawn among those whose estimated step cost is under max_step_s (the sequence is shortened if none is, never
+    below min_seq: a supplement of long sequences is `min_seq=512`)."""
+    for b in backends:
+        if b not in BACKENDS:
+            raise PerfPredictError(f"unknown backend {b!r}; accepted: {', '.join(BACKENDS)}")
+    names = tuple(shapes) if shapes else tuple(SHAPES)
+    for s in names:
+        if s not in SHAPES:
+            raise PerfPredictError(f"unknown shape {s!r}; accepted: {', '.join(SHAPES)}")
+    if min_seq not in SEQ_LENS:
+        raise PerfPredictError(f"min_seq must be one of {SEQ_LENS}, got {min_seq}")
+    floor = SEQ_LENS.index(min_seq)
+    rng = random.Random(seed)
+    out: list[TrlConfig] = []
+    seen: set[TrlConfig] = set()
+    i = 0
+    while len(out) < n and i < 20 * n + 100:
+        shape = names[i % len(names)]
+        # shape and combo counts are coprime (7, 8): every pair comes up once in 56 slots; the backend shifts
+        # by one every 8 slots, so each (combo, backend) pair comes up every 16 (with 2 backends).
+        trainer, loss, ref = COMBOS[i % len(COMBOS)]
+        backend = backends[(i + i // len(COMBOS)) % len(backends)]
+        i += 1
+        ckpt, jitter = rng.random() < 0.5, rng.choice(JITTERS)
+        pfree = trainer == "dpo" and rng.random() < 0.15
+        frac = rng.choice(PROMPT_FRACTIONS)
+        batches = BATCHES[1:] if trainer == "kto" else BATCHES
+        # Draw every knob, then shrink a randomly chosen one until the config is under the cost cap, so long
+        # sequences, big batches and accumulation each keep a share instead of the cap always cutting the same one.
+        knobs = {"seq": SEQ_LENS.index(rng.choice(SEQ_LENS[floor:])), "batch": rng.randrange(len(batches)),
+                 "accum": rng.randrange(len(ACCUMS))}
+
+        def make(k: dict[str, int]) -> TrlConfig:
+            seq = SEQ_LENS[k["seq"]]
+            prompt = max(8, int(seq * frac))  # noqa: B023 - used at once, inside this iteration
+            return TrlConfig(trainer=trainer, loss_type=loss, reference=ref, backend=backend,  # noqa: B023
+                             shape=shape, per_device_batch=batches[k["batch"]],  # noqa: B023
+                             grad_accum=ACCUMS[k["accum"]], checkpointing=ckpt, padding_free=pfree,  # noqa: B023
+                             prompt_len=prompt, completion_len=seq - prompt, len_jitter=jitter, seed=seed)  # noqa: B023
+
+        # Every few slots one knob is held high (accumulation 4, batch >= 4, sequence >= 512) and the others give
+        # way, at up to twice the cap: without it the cap would leave these corners nearly empty on a slow CPU.
+        held = ("accum", "batch", "seq", None, None)[i % 5]
+        if held:
+            knobs[held] = {"accum": 1, "batch": len(batches) - 2, "seq": max(2, floor)}[held] + (
+                rng.randrange(2) if held != "accum" else 0)
+        cap = 2 * max_step_s if held else max_step_s
+        cfg = make(knobs)
+        lowest = {"seq": floor, "batch": 0, "accum": 0}
+        while estimated_step_s(cfg) > cap and any(v > lowest[k] for k, v in knobs.items() if k != held):
+            knob = rng.choice([k for k, v in knobs.items() if v > lowest[k] and k != held])
+            knobs[knob] -= 1
+            cfg = make(knobs)
+        if cfg in seen or estimated_step_s(cfg) > 3 * max_step_s:
+            continue
+        seen.add(cfg)
+        out.append(cfg)
+    return out
+
+
+def chunks(configs: list[TrlConfig], size: int) -> list[tuple[str, list[TrlConfig]]]:
+    """Consecutive runs of configs of one backend, at most `size` long, in the configs' order (one worker launch
+    each): launching costs seconds, so a launch measures several configs; short chunks keep the order mixed."""
+    out: list[tuple[str, list[TrlConfig]]] = []
+    pending: dict[str, list[TrlConfig]] = {}
+    for c in configs:
+        group = pending.setdefault(c.backend, [])
+        group.append(c)
+        if len(group) >= size:
+            out.append((c.backend, group))
+            pending[c.backend] = []
+    out.extend((b, g) for b, g in pending.items() if g)
+    return out
