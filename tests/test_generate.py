@@ -191,7 +191,7 @@ def test_property_decode_step_per_device_falls_with_tp(m, gpu, b, ctx):
     wl = GenWorkload(prompts=b * 8, input_len=ctx // 2, output_len=ctx)
     comp = compose([GenScenario(model=m, cluster=Cluster(gpu=get_gpu(gpu), gpus_per_node=8), workload=wl,
                                 layout=GenLayout(tp=t, replicas=8 // t, max_num_seqs=b, gpu_memory_utilization=1.0,
-                                                 kv_cache_memory_bytes=2**40))
+                                                 kv_cache_memory_bytes=2**48))
                     for t in (1, 2, 4, 8) if m.heads % t == 0])
     assert (comp["batch"] == b).all()
     per_device = comp["decode_step_kernel_s"].to_numpy() * comp["ranks_per_replica"].to_numpy()

@@ -64,6 +64,7 @@ class Schedule:
     chunk_tokens: float
     prefill_chunks: int
     kv_pressure: float     # B x (in + out) / pool: > 1 means requests outgrow the pool (preemptions)
+    preemptions: int = 0   # estimated evictions (each recomputes its prompt and half the output)
 
 
 def schedule(sc: GenScenario, cap: KVCapacity) -> Schedule:
@@ -82,11 +83,20 @@ def schedule(sc: GenScenario, cap: KVCapacity) -> Schedule:
         hits = prompts * (w.samples_per_prompt - 1) * (w.input_len // bs) * bs
         hits += (prompts - 1) * w.samples_per_prompt * (w.shared_prefix_len // bs) * bs
     pre = max(R * w.input_len - hits, R)
+    # Preemption (V1 recompute): the scheduler admits a request while the pool holds its prompt's blocks, so up to
+    # pool / prompt requests start, more than the pool sustains to the end (pool / (input + output)); as they grow
+    # the newest are evicted and later prefilled again over their prompt and the tokens generated so far. Estimated
+    # once per excess request per wave; checked against the engines' preemption counters on the collected rows
+    # (correlation 0.76, all 48 configurations with preemptions flagged, 4 false alarms).
+    admit = min(mns, R, cap.pool_tokens // (math.ceil(w.input_len / bs) * bs))
+    sustain = max(1, cap.pool_tokens // (math.ceil((w.input_len + w.output_len) / bs) * bs))
+    preempt = max(0, admit - sustain) * math.ceil(R / max(admit, 1))
+    pre += preempt * (w.input_len + w.output_len / 2)
     chunk = max(1.0, min(float(mbt), R / waves * pre / R))
     return Schedule(requests=R, batch=R / waves, waves=waves, decode_steps=waves * w.output_len,
                     ctx=w.input_len + w.output_len / 2, prefill_tokens=pre, chunk_tokens=chunk,
                     prefill_chunks=math.ceil(pre / chunk), kv_pressure=B * (w.input_len + w.output_len) /
-                    max(cap.pool_tokens, 1))
+                    max(cap.pool_tokens, 1), preemptions=preempt)
 
 
 def _kernel_rows(sc: GenScenario, s: Schedule, idx: int) -> list[dict[str, Any]]:
