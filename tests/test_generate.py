@@ -8,12 +8,13 @@ kv_cache_memory_bytes=14155776 at TP 1, and 12,441 tokens at TP 2. Tolerance: ex
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -157,39 +158,84 @@ def test_rank_iteration_splits_devices():
     assert rows[0]["iteration_s"] == min(x["iteration_s"] for x in rows)
 
 
-def _best_tp(m: ModelSpec, gpu: str, workload: GenWorkload) -> int:
+# Property tests search broad shapes and workloads. derandomize keeps CI independent of the draw; the example budget
+# is PERFPREDICT_PROPERTY_EXAMPLES (default 40; checked locally at 500 each, see docs/generate-evaluation.json).
+PROPERTY = settings(max_examples=int(os.environ.get("PERFPREDICT_PROPERTY_EXAMPLES", "40")), deadline=None,
+                    derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+GPUS8 = st.sampled_from(["h100-sxm-80gb", "a100-sxm-80gb"])
+
+
+def _ranked(m: ModelSpec, gpu: str, workload: GenWorkload, mns: int) -> pl.DataFrame:
     r = rank_generate(model=m, cluster=Cluster(gpu=get_gpu(gpu), gpus_per_node=8), workload=workload,
-                      max_num_seqs=[256])
-    f = r.fitting.filter(pl.col("pp") == 1)
-    return int(f.row(0, named=True)["tp"])
+                      max_num_seqs=[mns])
+    return r.fitting.filter(pl.col("pp") == 1)
 
 
-dense = st.builds(lambda L, h, kvf, vocab: ModelSpec(name="rand", layers=L, hidden=h * 128, heads=h,
-                                                     kv_heads=max(1, h // kvf), ffn=int(h * 128 * 3.5) // 64 * 64,
-                                                     vocab=vocab),
-                  st.integers(16, 40), st.sampled_from([16, 24, 32]), st.sampled_from([1, 4, 8]),
-                  st.sampled_from([32000, 128256]))
+@st.composite
+def dense_models(draw, layers=st.integers(8, 80), heads=st.sampled_from([8, 12, 16, 24, 32, 40, 48, 64]),
+                 head_dim=st.sampled_from([64, 128])):
+    heads, head_dim = draw(heads), draw(head_dim)
+    kv = draw(st.sampled_from([d for d in (1, 2, 4, 8, heads) if heads % d == 0]))
+    hidden = heads * head_dim
+    return ModelSpec(name="rand", layers=draw(layers), hidden=hidden, heads=heads, kv_heads=kv, head_dim=head_dim,
+                     ffn=int(hidden * draw(st.floats(2.5, 4.0))) // 64 * 64,
+                     vocab=draw(st.sampled_from([32000, 50257, 128256, 152064])))
 
 
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(m=dense)
-def test_property_small_dense_models_prefer_tp1_replicas(m):
-    """Weights + KV fit easily on one device: more replicas of smaller TP win (per-device throughput falls with TP)."""
-    if m.param_count * 2 > 0.3 * 80 * 2**30:
-        return
-    assert _best_tp(m, "h100-sxm-80gb", GenWorkload(prompts=4096, input_len=512, output_len=512)) == 1
+@PROPERTY
+@given(m=dense_models(), gpu=GPUS8, b=st.sampled_from([1, 8, 32, 128, 256, 1024]),
+       ctx=st.sampled_from([256, 1024, 4096]))
+def test_property_decode_step_per_device_falls_with_tp(m, gpu, b, ctx):
+    """At one decode batch and context, t devices in TP take more than 1/t of one device's step: two all-reduces
+    per layer and GEMMs 1/t as wide never buy a superlinear speed-up."""
+    wl = GenWorkload(prompts=b * 8, input_len=ctx // 2, output_len=ctx)
+    comp = compose([GenScenario(model=m, cluster=Cluster(gpu=get_gpu(gpu), gpus_per_node=8), workload=wl,
+                                layout=GenLayout(tp=t, replicas=8 // t, max_num_seqs=b, gpu_memory_utilization=1.0,
+                                                 kv_cache_memory_bytes=2**48))
+                    for t in (1, 2, 4, 8) if m.heads % t == 0])
+    assert (comp["batch"] == b).all()
+    per_device = comp["decode_step_kernel_s"].to_numpy() * comp["ranks_per_replica"].to_numpy()
+    assert (np.diff(per_device) >= 0).all(), per_device
 
 
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(frac=st.floats(0.78, 0.86), L=st.integers(60, 90), kvh=st.sampled_from([8, 16]))
-def test_property_kv_starved_models_prefer_higher_tp(frac, L, kvh):
-    """Weights fill most of one device: TP 1 leaves no KV (or a starved batch), so the best layout uses TP > 1."""
-    h = 8192
-    layer = 4 * h * h + 3 * h * 28672
-    target = frac * 80 * 2**30 / 2
-    layers = max(8, int(target / layer))
-    m = ModelSpec(name="big", layers=layers, hidden=h, heads=64, kv_heads=kvh, ffn=28672, vocab=32000)
-    assert _best_tp(m, "h100-sxm-80gb", GenWorkload(prompts=2048, input_len=1024, output_len=1024)) > 1
+@PROPERTY
+@given(m=dense_models(), gpu=GPUS8, mns=st.sampled_from([64, 128, 256, 512, 1024]), k=st.sampled_from([1, 2, 4]),
+       waves=st.sampled_from([1, 2, 4]), inp=st.sampled_from([64, 128, 512, 1024, 2048]),
+       out=st.sampled_from([64, 128, 512, 1024]))
+def test_property_small_dense_models_prefer_tp1_replicas(m, gpu, mns, k, waves, inp, out):
+    """Once weights + KV fit (a TP-1 replica's KV pool holds a full max_num_seqs batch of whole requests, and the
+    prompts give every layout the same batch), more replicas of smaller TP win: per-device throughput falls as TP rises.
+
+    Not covered, on purpose: a TP-1 replica whose KV pool caps its batch below max_num_seqs (e.g. 32 KV heads x 40
+    layers = 640 KiB per token: about 100 of 256 requests at 512 in / 512 out on an H100). That replica is KV-starved
+    and TP 2 rightly wins (test_property_kv_starved_models_prefer_higher_tp); it was the counterexample that made this
+    test derandomized, with the old precondition 'weights under 30 % of the device'."""
+    f = _ranked(m, gpu, GenWorkload(prompts=8 * mns * waves // k, samples_per_prompt=k, input_len=inp,
+                                    output_len=out), mns)
+    t1 = f.filter(pl.col("tp") == 1)
+    # KV holds max_num_seqs whole requests: no preemption (recompute) at TP 1, and the same batch at every TP.
+    assume(t1.height > 0 and t1["kv_capacity_tokens"][0] >= mns * (inp + out) and t1["decode_batch"][0] >= mns)
+    assert f["tp"][0] == 1, f.select("layout", "output_tokens_per_s", "decode_batch").rows()
+
+
+@PROPERTY
+@given(m=dense_models(layers=st.just(1), heads=st.sampled_from([32, 40, 48, 64]), head_dim=st.just(128)),
+       frac=st.floats(0.75, 0.9), gpu=GPUS8, mns=st.sampled_from([256, 1024]),
+       prompts=st.sampled_from([2048, 8192]), inp=st.sampled_from([256, 512, 1024, 2048]),
+       out=st.sampled_from([256, 512, 1024, 2048]))
+def test_property_kv_starved_models_prefer_higher_tp(m, frac, gpu, mns, prompts, inp, out):
+    """Weights fill most of one device: TP 1 leaves no KV or a starved, memory-bound batch, so the best layout uses
+    TP > 1."""
+    assume(out >= inp)  # decode-bound generation: a prefill-bound job is compute-bound and TP-neutral per device
+    layers = max(8, int((frac * 80 * 2**30 / 2 - m.embedding_params) / m.layer_params))
+    big = ModelSpec(name="big", layers=layers, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads,
+                    head_dim=m.head_dim, ffn=m.ffn, vocab=m.vocab)
+    f = _ranked(big, gpu, GenWorkload(prompts=prompts, input_len=inp, output_len=out), mns)
+    t1 = f.filter(pl.col("tp") == 1)
+    # Starved: a quarter of the batch it could run, and memory-bound (well under the ~150-300 FLOP/byte ridge of
+    # A100/H100 bf16, where a bigger batch is free); at a compute-bound batch TP is per-device neutral at best.
+    assume(t1.height == 0 or t1["decode_batch"][0] <= min(mns, prompts // 8, 4 * 64) / 4)
+    assert f["tp"][0] > 1, f.select("layout", "output_tokens_per_s", "decode_batch").rows()
 
 
 def test_evaluate_generate_cli():
