@@ -29,7 +29,8 @@ PARTS = ("compute", "tp", "pp", "cp", "ep", "dp", "zero3", "optim")
 #   (huggingface/nanotron src/nanotron/parallel/data_parallel/utils.py, ddp_trigger_sync_in_bwd): bucketed overlap.
 # - fsdp (FSDP2 and our CPU harness's DDP) reduce-scatters / all-reduces buckets as gradients become ready.
 # - deepspeed: ZeRO-2/3 reduce in buckets during backward (overlap_comm).
-OVERLAP_GRAD_REDUCE = {"megatron": False, "nanotron": True, "fsdp": True, "deepspeed": True}
+# - ddp (TRL on plain accelerate): torch DDP's reducer all-reduces buckets during the last micro-batch's backward.
+OVERLAP_GRAD_REDUCE = {"megatron": False, "nanotron": True, "fsdp": True, "deepspeed": True, "ddp": True}
 # torch DDP's default bucket (bucket_cap_mb=25): the last bucket's reduction cannot hide behind any backward.
 LAST_BUCKET_BYTES = 25e6
 # Kernels a decoder layer launches per micro-batch in eager PyTorch-based trainers: about 15 forward (norms, four
@@ -63,6 +64,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         hardware=c("g_name"), dtype=c("w_precision"),
         T=T, Lps=c("d_layers_max"), mbs=c("p_grad_accum").cast(pl.Float64),
         fwd_mult=forward_passes(), attn_fwd_extra=forward_passes() - 1.0 + sel, ref=ref,
+        head_fwd=c("d_head_fwd_passes"), head_ce=c("d_head_ce_passes"),
         h=c("m_hidden").cast(pl.Float64), a=c("m_heads").cast(pl.Float64), kv=c("m_kv_heads").cast(pl.Float64),
         hd=c("m_head_dim").cast(pl.Float64), t=c("p_tp").cast(pl.Float64), V=c("m_vocab").cast(pl.Float64),
         f=f, gate=pl.when(c("m_gated")).then(2.0).otherwise(1.0),
@@ -106,11 +108,12 @@ def _gemms(b: pl.DataFrame) -> list[pl.DataFrame]:
             b.select("row", "hardware", "dtype", m=_i(m), n=_i(k), k=_i(n), pass_=pl.lit("bwd_input"), count=per),
             b.select("row", "hardware", "dtype", m=_i(k), n=_i(n), k=_i(m), pass_=pl.lit("bwd_weight"), count=per),
         ]
-    # Output head on the last stage: forward for the policy (and the reference), two backward GEMMs.
+    # Output head on the last stage: forward for the policy (and the reference; TRL's fused head recomputes it in
+    # the backward, features.trl.head_passes), two backward GEMMs.
     head_n = c("V") / c("t")
     out += [
         b.select("row", "hardware", "dtype", m=_i(c("T")), n=_i(head_n), k=_i(c("h")), pass_=pl.lit("fwd"),
-                 count=c("mbs") * (1.0 + c("ref"))),
+                 count=c("mbs") * c("head_fwd")),
         b.select("row", "hardware", "dtype", m=_i(c("T")), n=_i(c("h")), k=_i(head_n), pass_=pl.lit("bwd_input"),
                  count=c("mbs")),
         b.select("row", "hardware", "dtype", m=_i(c("h")), n=_i(head_n), k=_i(c("T")), pass_=pl.lit("bwd_weight"),
@@ -142,7 +145,7 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
                  numel=_i(c("T") * c("topk") * c("f") / c("t")), count=per * passes),
         b.select("row", "hardware", "dtype", op=pl.lit("add"), numel=_i(c("T_sp") * c("h")), count=2.0 * per * passes),
         b.select("row", "hardware", "dtype", op=pl.lit("cross_entropy"), numel=_i(c("T") * c("V") / c("t")),
-                 count=c("mbs") * (3.0 + c("ref"))),
+                 count=c("mbs") * c("head_ce")),
     ]
 
 
@@ -299,7 +302,7 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float])
     out = out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather")] + [c("k_bwd_s").fill_null(0.0)])
     n_untimed = (c("p_grad_accum") * c("d_layers_max")
                  * (UNTIMED_FWD_PER_LAYER * forward_passes() + UNTIMED_BWD_PER_LAYER))
-    overlap = c("p_framework").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
+    overlap = c("d_runtime").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
     grad_bytes = (c("d_params_rank") * c("d_grad_bytes_per_param")).clip(lower_bound=1.0)
     per_mb_bwd = c("k_bwd_s") / c("p_grad_accum")
     out = out.with_columns(

@@ -23,7 +23,10 @@ from perfpredict.learn.gb import GBRegressor
 
 c = pl.col
 FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")
-FAMILY = {"megatron": "3d", "nanotron": "3d", "deepspeed": "zero", "fsdp": "zero"}
+# TRL's trainers (features.trl) form their own family: a correction learned on them never reaches other plans, and
+# one learned elsewhere never reaches theirs.
+FAMILY = {"megatron": "3d", "nanotron": "3d", "deepspeed": "zero", "fsdp": "zero", "trl": "trl", "trl+deepspeed": "trl",
+          "trl+fsdp": "trl"}
 RECOMPUTE_CODES = {"none": 0.0, "selective": 1.0, "full": 2.0}
 # Per-step reference cost: none = precomputed (its forward ran before training) < live < offloaded (streamed in).
 REFERENCE_CODES = {"none": 0.0, "precomputed": 0.0, "live": 1.0, "offloaded": 2.0}
@@ -140,7 +143,8 @@ class Correction:
 
     def _domain_key(self, framework: str, hardware: str) -> str:
         if self.domain == "device":
-            return "cpu" if hardware == "cpu" else "gpu"
+            device = "cpu" if hardware == "cpu" else "gpu"
+            return f"trl:{device}" if FAMILY.get(framework) == "trl" else device
         return f"{FAMILY.get(framework, framework)}:{hardware}"
 
     def domain_keys(self, df: pl.DataFrame) -> list[str]:

@@ -7,6 +7,8 @@ a held-out hardware refits the kernel models without that hardware's probes too)
 - scale: per source, train on single-node runs and test on multi-node ones (a source without multi-node runs:
   train on the smaller GPU counts, test on its largest);
 - hardware: leave one hardware out;
+- trl-shape: leave one TRL model shape out (`perfpredict collect trl` rows, source ours-cpu-trl), trained on every
+  other row; scored per trainer x reference mode (metrics_trl);
 - largest: the test partition. Each source's largest model is held out of every other split and of every
   modelling choice; it is scored once, by models trained on everything else.
 The composition alone and the analytic estimate are scored on the same rows, so the value the learning adds is
@@ -27,8 +29,8 @@ from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows
 from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle
 
 c = pl.col
-SPLITS = ("model", "width", "scale", "hardware", "largest")
-DEV_SPLITS = ("model", "width", "scale", "hardware")
+SPLITS = ("model", "width", "scale", "hardware", "trl-shape", "largest")
+DEV_SPLITS = ("model", "width", "scale", "hardware", "trl-shape")
 
 
 def partition_mask(runs: pl.DataFrame) -> pl.Series:
@@ -58,6 +60,11 @@ def folds(runs: pl.DataFrame, split: str) -> Iterator[tuple[str, np.ndarray]]:
             mask = (test & (runs["source"] == src)).to_numpy()
             if mask.any() and not mask[(runs["source"] == src).to_numpy()].all():
                 yield f"{src}:scale-out", mask
+        return
+    elif split == "trl-shape":
+        trl = runs["p_framework"].str.starts_with("trl").fill_null(False)
+        for g in sorted(runs.filter(trl)["model_group"].unique().to_list()):
+            yield str(g), (trl & (runs["model_group"] == g)).to_numpy()
         return
     elif split == "largest":
         yield "largest-model-per-source", partition_mask(runs).to_numpy()
@@ -167,7 +174,20 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
             preds.append(held_out(rows, probes, split=split, seed=seed, kernels=kernels, variant=VARIANTS[v],
                                   progress=progress))
     pred = pl.concat([p for p in preds if p.height], how="diagonal_relaxed")
-    return {"metrics": metrics(pred, ("variant", "split", "source")), "predictions": pred}
+    return {"metrics": metrics(pred, ("variant", "split", "source")), "metrics_trl": metrics_trl(pred),
+            "predictions": pred}
+
+
+def metrics_trl(pred: pl.DataFrame) -> pl.DataFrame:
+    """TRL rows per (variant, split, trainer x reference mode), e.g. "dpo live", "dpo precomputed", "simpo none",
+    and all TRL rows of a split together ("all")."""
+    if "trl_mode" not in pred.columns:
+        return pl.DataFrame()
+    trl = pred.filter(c("trl_mode").is_not_null())
+    if not trl.height:
+        return pl.DataFrame()
+    both = pl.concat([trl, trl.with_columns(trl_mode=pl.lit("all"))], how="diagonal_relaxed")
+    return metrics(both, ("variant", "split", "trl_mode"))
 
 
 def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:

@@ -1,0 +1,171 @@
+"""What TRL's preference trainers allocate and run per step, beyond a plain causal-LM step (features, never labels).
+
+Read from the installed sources of TRL 1.16.0, transformers 5.24.0 and accelerate 1.15.0 (site-packages paths):
+
+- Batch layout. DPOTrainer's collator repeats the prompts for chosen and rejected (trl/trainer/dpo_trainer.py:317
+  `prompts = [...] * 2` in the vision collator; the text collator builds the same layout), pads chosen and
+  rejected to the longest completion of the batch (:349 `torch.cat(tuple(pad([chosen_ids, rejected_ids])))`) and
+  puts the left-padded prompt in front (:351), so one policy forward runs 2B rows of (longest prompt + longest
+  completion) tokens. KTOTrainer (trl/trainer/kto_trainer.py:345) runs B completions with gradient and, for the
+  KL term, B mismatched completions through the policy under no_grad (:1360-1365 `with torch.no_grad(): ...
+  KL_per_token_logps = model(**KL_model_kwargs, ...)`). CPOTrainer / ORPOTrainer (trl/experimental/cpo/
+  cpo_trainer.py:640-668, orpo/orpo_trainer.py:640-660 `concatenated_inputs`) pad chosen and rejected to the
+  longer of the two and concatenate them on dim 0: 2B rows too.
+- Logits path. DPO and KTO never materialise the [2B, T, V] logits: `add_fused_lm_head` (trl/trainer/utils.py:1548,
+  installed at dpo_trainer.py:960, kto_trainer.py:967) replaces the head with `_ChunkedLogProbFunction`
+  (trl/kernels/chunked_logprob.py:300-440): tiles of [min(N, 4096) tokens, 32768 vocabulary columns]
+  (utils.py:1506 `_CHUNKED_LOGPROB_CHUNK_SIZE = 32768`, chunked_logprob.py:31 `TOKEN_CHUNK_SIZE = 4096`) in the
+  compute dtype; without Triton (CPU) every position is scored (utils.py:1638 `compact = _use_triton(...)`) and
+  each tile is folded in torch with fp32 temporaries (chunked_logprob.py:152 `_forward_tile`: `z = tile.float()`,
+  `e = exp(z - m)`, `e * z` for the entropy DPO requests at dpo_trainer.py:955-958); on GPU a Triton kernel folds
+  the tile in place. The backward recomputes every tile (one more head GEMM per tile) and accumulates
+  grad_hidden [N, H] and grad_weight [V, H] in fp32 (chunked_logprob.py:405-411 "Always accumulate in fp32").
+  CPOTrainer (SimPO) and ORPOTrainer call the model's own forward: transformers' LlamaForCausalLM returns
+  logits [2B, T, V] in the compute dtype (no fp32 upcast without labels), and `get_batch_logps`
+  (cpo_trainer.py:752-790) takes `selective_log_softmax` (trl/trainer/utils.py:538) over them; its backward builds
+  an fp32 gradient of the logits. ORPO adds the chosen half's NLL (orpo_trainer.py:783-800: `.contiguous()` copy
+  of B*T*V logits, then nn.CrossEntropyLoss, whose log-softmax stays for the backward).
+- Reference. Live: `ref_model` is created in the policy's dtype (dpo_trainer.py:924 `setdefault("dtype",
+  self.model.dtype)`) and prepared like the policy, without gradients or optimizer (:984-990: `prepare_deepspeed`,
+  which shards it only at ZeRO-3, `prepare_fsdp`, or `accelerator.prepare_model(evaluation_mode=True)`, a full
+  replica); its forward runs under no_grad with gradient checkpointing off (:1318-1338) after the policy forward,
+  through the same fused head (:962). Precomputed (`precompute_ref_log_probs=True` without a `ref_model`): no
+  reference model at all (:908-914 `self.ref_model = None`); its log-probs are dataset columns read at :1318-1319;
+  under FSDP the reference built for precomputing is dropped afterwards (:1033-1034). None: SimPO (CPO) and ORPO
+  have no reference. KTO's live reference runs both the KL and the completion batch (kto_trainer.py:1425-1436).
+- Gradient checkpointing is transformers' (`gradient_checkpointing_enable`, use_reentrant False as TRL sets it):
+  each decoder layer's input is kept and the layer recomputed in the backward (features.memory recompute full).
+- Optimizer and wrapping: torch AdamW (fp32 m and v for fp32 parameters); accelerate's DDP, DeepSpeed and FSDP
+  states follow features.memory.state_bytes_per_param through the framework's runtime (core.frameworks RUNTIME).
+
+All objective/trainer-specific rules are the TRAINERS table below; memory.py and compose.py read the columns this
+module adds (d_head_*), never the objective names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from perfpredict.core.errors import require
+
+c = pl.col
+
+TOKEN_TILE = 4096  # trl/kernels/chunked_logprob.py:31 TOKEN_CHUNK_SIZE
+VOCAB_TILE = 32768  # trl/trainer/utils.py:1506 _CHUNKED_LOGPROB_CHUNK_SIZE
+# fp32 temporaries per tile element of the torch fold (no Triton: CPU): z = tile.float(), e = exp(z - m) and e * z
+# (chunked_logprob.py:177-186), 4 bytes each.
+CPU_FOLD_BYTES = 12.0
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """How one TRL trainer runs an objective."""
+
+    name: str
+    head: str  # "fused": chunked log-prob head (no logits); "full": the model's [N, V] logits
+    grad_seqs: int  # sequences per sample through the policy with gradient
+    nograd_policy_seqs: int = 0  # sequences per sample through the policy under no_grad (KTO's KL batch)
+    ref_seqs: int = 0  # sequences per sample through a live reference
+    # Full-logits trainers: bytes per (token x vocab) alive at the head's backward beyond the stored logits:
+    # the fp32 logits gradient (4) and the fp32 log-softmax path of selective_log_softmax (4).
+    full_extra_bpe: float = 8.0
+    nll_share: float = 0.0  # share of the rows whose NLL runs a second full-vocab loss (ORPO: the chosen half)
+
+    def __post_init__(self) -> None:
+        require(self.head in ("fused", "full"), f"trainer head must be fused or full, got {self.head!r}")
+
+
+TRAINERS: dict[str, Trainer] = {
+    "dpo": Trainer("DPOTrainer", "fused", grad_seqs=2, ref_seqs=2),
+    "ipo": Trainer("DPOTrainer", "fused", grad_seqs=2, ref_seqs=2),
+    "kto": Trainer("KTOTrainer", "fused", grad_seqs=1, nograd_policy_seqs=1, ref_seqs=2),
+    "simpo": Trainer("CPOTrainer", "full", grad_seqs=2),
+    "orpo": Trainer("ORPOTrainer", "full", grad_seqs=2, nll_share=0.5),
+}
+TRL_OBJECTIVES = tuple(TRAINERS)
+
+
+def _rule(field: str, default: float) -> pl.Expr:
+    return c("w_objective").replace_strict({k: float(getattr(t, field)) for k, t in TRAINERS.items()},
+                                           default=default, return_dtype=pl.Float64)
+
+
+def _fused() -> pl.Expr:
+    return c("w_objective").replace_strict({k: t.head == "fused" for k, t in TRAINERS.items()}, default=False,
+                                           return_dtype=pl.Boolean)
+
+
+def is_trl() -> pl.Expr:
+    return c("p_framework").str.starts_with("trl")
+
+
+def head_passes(df: pl.DataFrame) -> pl.DataFrame:
+    """Output-head work per micro-batch, in units of the policy batch's head GEMM ([T x h] @ [h x V]) and its
+    full-vocabulary elementwise pass, for the kernel composition (learn/compose.py):
+
+    - d_head_fwd_passes: head GEMMs forward. Plain trainers: the policy's forward and the live reference's. TRL's
+      fused head recomputes each tile in the backward (one more), and KTO's KL batch and reference KL pass add
+      forwards of the same size.
+    - d_head_ce_passes: passes over [T, V] of the log-softmax / cross entropy (forward, backward, the reference).
+    - d_extra_fwd_passes: layer forwards beyond policy + recompute + reference (KTO's no-grad KL forward, its
+      reference's second pass)."""
+    live = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
+    trl = is_trl() & c("w_objective").is_in(list(TRAINERS))
+    fused = _fused()
+    nograd = _rule("nograd_policy_seqs", 0.0)
+    ref_mult = (_rule("ref_seqs", 2.0) / _rule("grad_seqs", 2.0))  # reference sequences per policy sequence
+    extra_fwd = pl.when(trl).then(nograd + live * (ref_mult - 1.0)).otherwise(0.0)
+    ref_fwd = live * pl.when(trl).then(ref_mult).otherwise(1.0)
+    fwd = 1.0 + ref_fwd + pl.when(trl).then(nograd).otherwise(0.0)
+    return df.with_columns(
+        d_head_fwd_passes=fwd + pl.when(trl & fused).then(1.0).otherwise(0.0),
+        d_head_ce_passes=pl.when(trl & fused).then(2.0 + fwd).otherwise(
+            3.0 + ref_fwd + pl.when(trl).then(_rule("nll_share", 0.0) * 3.0).otherwise(0.0)),
+        d_extra_fwd_passes=extra_fwd,
+    )
+
+
+def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
+    """For TRL rows: the head's transient at the peak (d_logits_bytes), the reference's weights and its forward's
+    transient beyond that, replacing the generic rules of features.memory. Other rows pass through unchanged.
+
+    The peak is the larger of (a) the reference / KL forward, after the policy forward, and (b) the head's
+    backward, the first op of the backward; both sit on top of the states and the policy's stored activations,
+    so d_ref_transient_bytes only carries what (a) needs beyond (b)."""
+    trl = is_trl() & c("w_objective").is_in(list(TRAINERS))
+    fp32 = c("w_precision") == "fp32"
+    ab = pl.when(fp32).then(4.0).otherwise(2.0)  # compute dtype bytes (autocast or the parameters' own)
+    cpu = c("g_name") == "cpu"
+    grad_seqs = _rule("grad_seqs", 2.0)
+    s = c("w_seq_len").cast(pl.Float64)
+    n_tok = c("p_micro_batch").cast(pl.Float64) * grad_seqs * s
+    h = c("m_hidden").cast(pl.Float64)
+    v = c("m_vocab").cast(pl.Float64)
+    fused = _fused()
+    tile = pl.min_horizontal(n_tok, pl.lit(float(TOKEN_TILE))) * pl.min_horizontal(v, pl.lit(float(VOCAB_TILE)))
+    tile_b = tile * (ab + pl.when(cpu).then(CPU_FOLD_BYTES).otherwise(0.0))
+    # (b) fused: fp32 grad_hidden [N, h] and grad_weight [V, h] (cast to the parameter dtype at the end: one more
+    # copy unless fp32), a recomputed tile; full: the stored logits and the fp32 gradient path.
+    cast_copy = pl.when(fp32).then(0.0).otherwise(2.0)
+    fused_bwd = (4.0 + cast_copy) * n_tok * h + (4.0 + cast_copy) * v * h + tile_b
+    nll = _rule("nll_share", 0.0)
+    full_bwd = n_tok * v * (ab + _rule("full_extra_bpe", 8.0)) * (1.0 + nll)
+    head_bwd = pl.when(fused).then(fused_bwd).otherwise(full_bwd)
+    # (a) the no-grad forwards: one layer's activations of the reference/KL batch and its head tiles.
+    live = c("w_reference").is_in(["live"])
+    nograd = (_rule("nograd_policy_seqs", 0.0) > 0) | live
+    fwd_transient = pl.when(nograd).then(c("d_act_per_layer") + tile_b).otherwise(0.0)
+    # Reference weights: the policy's dtype, sharded only where its preparation shards it.
+    w_b = pl.when(fp32 | ((c("d_runtime") == "ddp") & c("w_master_fp32"))).then(4.0).otherwise(2.0)
+    sharded = ((c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)) | (c("d_runtime") == "fsdp")
+    ref_w = c("d_params_rank") * w_b / pl.when(sharded).then(c("p_dp").cast(pl.Float64)).otherwise(1.0)
+    return df.with_columns(
+        d_head_bwd_bytes=pl.when(trl).then(head_bwd).otherwise(None),
+        d_logits_bytes=pl.when(trl).then(head_bwd).otherwise(c("d_logits_bytes")),
+        d_ref_weight_bytes=pl.when(trl).then(pl.when(live).then(ref_w).otherwise(0.0)).otherwise(
+            c("d_ref_weight_bytes")),
+        d_ref_transient_bytes=pl.when(trl).then((fwd_transient - head_bwd).clip(lower_bound=0.0)).otherwise(
+            c("d_ref_transient_bytes")),
+    )
