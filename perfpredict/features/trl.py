@@ -161,7 +161,13 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     w_b = pl.when(fp32 | ((c("d_runtime") == "ddp") & c("w_master_fp32"))).then(4.0).otherwise(2.0)
     sharded = ((c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)) | (c("d_runtime") == "fsdp")
     ref_w = c("d_params_rank") * w_b / pl.when(sharded).then(c("p_dp").cast(pl.Float64)).otherwise(1.0)
+    # FSDP gathers parameters in their own dtype (fp32 without mixed precision), not always 16-bit.
+    layer = c("m_layer_params").cast(pl.Float64) * w_b
+    emb = v * h * w_b
+    gathered = (pl.when((c("d_runtime") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
+                .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
     return df.with_columns(
+        d_gathered_bytes=pl.when(trl).then(gathered).otherwise(c("d_gathered_bytes")),
         d_head_bwd_bytes=pl.when(trl).then(head_bwd).otherwise(None),
         d_logits_bytes=pl.when(trl).then(head_bwd).otherwise(c("d_logits_bytes")),
         d_ref_weight_bytes=pl.when(trl).then(pl.when(live).then(ref_w).otherwise(0.0)).otherwise(
