@@ -166,7 +166,16 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     emb = v * h * w_b
     gathered = (pl.when((c("d_runtime") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
+    # Gradients: the HF Trainer frees them after every optimizer step (optimizer.zero_grad(), set_to_none), so with
+    # one micro-batch per step they are allocated during the backward as the activations are freed: the peak holds
+    # max(gradients, activations + the head's backward) on top of weights and optimizer state, not both. DeepSpeed
+    # keeps its own gradient buffers (left as features.memory has them); with accumulation the gradients of the
+    # earlier micro-batches are alive through the later ones.
+    fresh = trl & (c("p_grad_accum") == 1) & c("d_runtime").is_in(["ddp", "fsdp"])
+    params = c("d_params_rank").clip(lower_bound=1.0)
+    grad_eff = (c("d_grad_bpp") - (c("d_act_first") + head_bwd) / params).clip(lower_bound=0.0)
     return df.with_columns(
+        d_grad_bpp=pl.when(fresh).then(grad_eff).otherwise(c("d_grad_bpp")),
         d_gathered_bytes=pl.when(trl).then(gathered).otherwise(c("d_gathered_bytes")),
         d_head_bwd_bytes=pl.when(trl).then(head_bwd).otherwise(None),
         d_logits_bytes=pl.when(trl).then(head_bwd).otherwise(c("d_logits_bytes")),
