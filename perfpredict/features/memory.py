@@ -123,11 +123,16 @@ def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
     Korthikanti et al. 2022 (Table 2): 34 sbh + 5 a s^2 b with 10 sbh replicated under TP without SP, for
     MHA, a 4h GELU MLP and dropout. Here: no dropout (none of the preference trainers use it), GQA K/V at
     kv_heads/heads, SwiGLU keeps gate, up and silu(gate) and the product, and flash attention stores no scores."""
-    r_kv = c("m_kv_heads").cast(pl.Float64) / c("m_heads")
+    from perfpredict.features.trl import HF_REPLICATED_COEF, is_trl
+
+    # TRL's rows run transformers' Llama (features.trl): three tensors kept per norm, K/V repeated to all heads.
+    hf = is_trl()
+    r_kv = pl.when(hf).then(1.0).otherwise(c("m_kv_heads").cast(pl.Float64) / c("m_heads"))
     attn_width = c("m_heads").cast(pl.Float64) * c("m_head_dim") / c("m_hidden")
     f = pl.when(c("m_experts") > 0).then(c("m_expert_ffn") * c("m_experts_per_token")).otherwise(c("m_ffn"))
     f_h = f.cast(pl.Float64) / c("m_hidden")
-    replicated = pl.lit(8.0)  # two norm inputs (4) + QKV input (2) + MLP input (2)
+    # two norm inputs (4) + QKV input (2) + MLP input (2)
+    replicated = pl.when(hf).then(HF_REPLICATED_COEF).otherwise(8.0)
     attn = 2.0 * attn_width + 4.0 * r_kv * attn_width + 2.0 * attn_width  # Q, K, V, attention output
     mlp = pl.when(c("m_gated")).then(8.0 * f_h).otherwise(4.0 * f_h)
     return df.with_columns(d_act_repl_coef=replicated, d_act_shard_coef=attn + mlp, d_act_score_coef=pl.lit(0.0))

@@ -54,9 +54,31 @@ c = pl.col
 
 TOKEN_TILE = 4096  # trl/kernels/chunked_logprob.py:31 TOKEN_CHUNK_SIZE
 VOCAB_TILE = 32768  # trl/trainer/utils.py:1506 _CHUNKED_LOGPROB_CHUNK_SIZE
-# fp32 temporaries per tile element of the torch fold (no Triton: CPU): z = tile.float(), e = exp(z - m) and e * z
-# (chunked_logprob.py:177-186), 4 bytes each.
-CPU_FOLD_BYTES = 12.0
+# The head's tile buffer is allocated at the full chunk width even when the vocabulary is narrower
+# (chunked_logprob.py:347 and :413 `mm_buf = torch.empty((min(N, TOKEN_CHUNK_SIZE), chunk_size), ...)`): at a small
+# vocabulary it, not the vocabulary, sets the head's memory.
+# Temporaries per tile element of the torch fold used without Triton (CPU): the forward's z = tile.float(),
+# the masks and masked copy of is_top1, e = exp(z - m), e * z (chunked_logprob.py:152-196); the backward's
+# recomputed tile and its gradient terms (:198-240). Counted by replaying _ChunkedLogProbFunction on CPU under
+# torch.profiler's allocation events (the running maximum of allocated minus freed bytes; collect trl's label
+# method): 13 bytes per element forward, 33 backward, at every N, V and h tried (N 258-4500, V 2k-16k, h 128-640),
+# on top of mm_buf, grad_hidden [N, h] and grad_weight [V, h] (fp32 accumulators, :405-411).
+CPU_FOLD_FWD_BYTES = 13.0
+CPU_FOLD_BWD_BYTES = 33.0
+# The full-logits trainers, counted the same way on CPU over CPOTrainer.get_batch_logps (+ ORPO's chosen-half
+# nn.CrossEntropyLoss) and their backward: 4 + 7 bytes per logit of the 2B rows (the fp32 logits, their gradient
+# and selective_log_softmax's per-row logsumexp path), and 12 more per logit of the chosen half for ORPO's NLL (the
+# `.contiguous()` copy, the log-softmax kept for the backward and its gradient).
+FULL_EXTRA_BYTES = 7.0
+NLL_EXTRA_BYTES = 12.0
+# transformers 5.24 LlamaDecoderLayer under autograd (saved tensors counted with torch.autograd.graph
+# .saved_tensors_hooks on the installed modeling_llama.py / sdpa_attention.py): each RMSNorm keeps its input, the
+# normalised product and the Linear's flattened input (3 x s b h per norm: 12 bytes per s b h in features.memory's
+# 16-bit units, 8 in its generic rule), and sdpa_attention_forward repeats K and V to all heads before SDPA
+# (repeat_kv), so GQA saves nothing on the stored K and V. Once per model: the final norm (2) and the head's
+# flattened input (1) in s b h units, and the 4-D float attention mask [b, 1, s, s] shared by all layers.
+HF_REPLICATED_COEF = 12.0
+HF_FINAL_SBH = 3.0
 
 
 @dataclass(frozen=True)
@@ -68,9 +90,6 @@ class Trainer:
     grad_seqs: int  # sequences per sample through the policy with gradient
     nograd_policy_seqs: int = 0  # sequences per sample through the policy under no_grad (KTO's KL batch)
     ref_seqs: int = 0  # sequences per sample through a live reference
-    # Full-logits trainers: bytes per (token x vocab) alive at the head's backward beyond the stored logits:
-    # the fp32 logits gradient (4) and the fp32 log-softmax path of selective_log_softmax (4).
-    full_extra_bpe: float = 8.0
     nll_share: float = 0.0  # share of the rows whose NLL runs a second full-vocab loss (ORPO: the chosen half)
 
     def __post_init__(self) -> None:
@@ -144,19 +163,25 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     h = c("m_hidden").cast(pl.Float64)
     v = c("m_vocab").cast(pl.Float64)
     fused = _fused()
-    tile = pl.min_horizontal(n_tok, pl.lit(float(TOKEN_TILE))) * pl.min_horizontal(v, pl.lit(float(VOCAB_TILE)))
-    tile_b = tile * (ab + pl.when(cpu).then(CPU_FOLD_BYTES).otherwise(0.0))
+    rows_t = pl.min_horizontal(n_tok, pl.lit(float(TOKEN_TILE)))
+    tile = rows_t * pl.min_horizontal(v, pl.lit(float(VOCAB_TILE)))
+    mm_buf = rows_t * VOCAB_TILE * ab
+    fold_bwd = tile * pl.when(cpu).then(CPU_FOLD_BWD_BYTES).otherwise(0.0)
+    fold_fwd = tile * pl.when(cpu).then(CPU_FOLD_FWD_BYTES).otherwise(0.0)
     # (b) fused: fp32 grad_hidden [N, h] and grad_weight [V, h] (cast to the parameter dtype at the end: one more
-    # copy unless fp32), a recomputed tile; full: the stored logits and the fp32 gradient path.
+    # copy unless fp32), the tile buffer and the fold's temporaries; full: the logits and their gradient path.
     cast_copy = pl.when(fp32).then(0.0).otherwise(2.0)
-    fused_bwd = (4.0 + cast_copy) * n_tok * h + (4.0 + cast_copy) * v * h + tile_b
-    nll = _rule("nll_share", 0.0)
-    full_bwd = n_tok * v * (ab + _rule("full_extra_bpe", 8.0)) * (1.0 + nll)
+    grads = (4.0 + cast_copy) * (n_tok + v) * h
+    fused_bwd = grads + mm_buf + fold_bwd
+    full_bwd = grads + n_tok * v * (ab + FULL_EXTRA_BYTES + _rule("nll_share", 0.0) * NLL_EXTRA_BYTES)
     head_bwd = pl.when(fused).then(fused_bwd).otherwise(full_bwd)
     # (a) the no-grad forwards: one layer's activations of the reference/KL batch and its head tiles.
     live = c("w_reference").is_in(["live"])
     nograd = (_rule("nograd_policy_seqs", 0.0) > 0) | live
-    fwd_transient = pl.when(nograd).then(c("d_act_per_layer") + tile_b).otherwise(0.0)
+    fwd_transient = pl.when(nograd).then(c("d_act_per_layer") + mm_buf + fold_fwd).otherwise(0.0)
+    # Once per model (HF_FINAL_SBH, the attention mask) on top of features.memory's per-layer activations.
+    b_rows = c("p_micro_batch").cast(pl.Float64) * grad_seqs
+    act_first = (c("d_act_first") + HF_FINAL_SBH * n_tok * h * ab + b_rows * s * s * ab)
     # Reference weights: the policy's dtype, sharded only where its preparation shards it.
     w_b = pl.when(fp32 | ((c("d_runtime") == "ddp") & c("w_master_fp32"))).then(4.0).otherwise(2.0)
     sharded = ((c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)) | (c("d_runtime") == "fsdp")
@@ -173,8 +198,9 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     # earlier micro-batches are alive through the later ones.
     fresh = trl & (c("p_grad_accum") == 1) & c("d_runtime").is_in(["ddp", "fsdp"])
     params = c("d_params_rank").clip(lower_bound=1.0)
-    grad_eff = (c("d_grad_bpp") - (c("d_act_first") + head_bwd) / params).clip(lower_bound=0.0)
+    grad_eff = (c("d_grad_bpp") - (act_first + head_bwd) / params).clip(lower_bound=0.0)
     return df.with_columns(
+        d_act_first=pl.when(trl).then(act_first).otherwise(c("d_act_first")),
         d_grad_bpp=pl.when(fresh).then(grad_eff).otherwise(c("d_grad_bpp")),
         d_gathered_bytes=pl.when(trl).then(gathered).otherwise(c("d_gathered_bytes")),
         d_head_bwd_bytes=pl.when(trl).then(head_bwd).otherwise(None),

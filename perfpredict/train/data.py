@@ -53,7 +53,8 @@ def trl_rows(raw: pl.DataFrame) -> pl.DataFrame:
     df = df.with_columns(source=pl.concat_str([c("source"), pl.lit(TRL_SOURCE_SUFFIX)]))
     if "padded_len_max" in df.columns:
         df = df.with_columns(w_seq_len_nominal=c("w_seq_len"),
-                             w_seq_len=pl.coalesce(c("padded_len_max").round(0).cast(pl.Int64), c("w_seq_len")))
+                             w_seq_len=pl.coalesce(c("padded_len_max").cast(pl.Float64).round(0).cast(pl.Int64),
+                                                   c("w_seq_len")))
     if "ddp_bucket_bytes" in df.columns:
         df = df.with_columns(peak_memory_live_gib=c("peak_memory_gib"),
                              peak_memory_gib=c("peak_memory_gib")
