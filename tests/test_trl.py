@@ -114,7 +114,7 @@ def _trl_frame():
         for backend in ("single", "ddp", "fsdp"):
             dp = 1 if backend == "single" else 2
             r = _row("dpo", "live", model=m, dp=dp, zero=3 if backend == "fsdp" else 0, framework="trl")
-            rows.append({**r, "source": "ours-cpu", "backend": backend, "padded_len_max": 200.0,
+            rows.append({**r, "source": "ours-cpu", "backend": backend, "padded_len_mean": 200.0,
                          "ddp_bucket_bytes": (1 << 30) if backend == "ddp" else 0, "peak_memory_gib": 1.0,
                          "outcome": "ok", "step_time_s": 1.0, "model_shape": shape})
     return pl.DataFrame(rows)

@@ -78,6 +78,9 @@ NLL_EXTRA_BYTES = 12.0
 # (repeat_kv), so GQA saves nothing on the stored K and V. Once per model: the final norm (2) and the head's
 # flattened input (1) in s b h units, and the 4-D float attention mask [b, 1, s, s] shared by all layers.
 HF_REPLICATED_COEF = 12.0
+# Cost of the fused head's CPU fold in cross-entropy fwd+bwd units (head_passes).
+CPU_FOLD_POLICY_CE = 4.5
+CPU_FOLD_NOGRAD_CE = 1.0
 HF_FINAL_SBH = 3.0
 
 
@@ -138,9 +141,17 @@ def head_passes(df: pl.DataFrame) -> pl.DataFrame:
     extra_fwd = pl.when(trl).then(nograd + live * (ref_mult - 1.0)).otherwise(0.0)
     ref_fwd = live * pl.when(trl).then(ref_mult).otherwise(1.0)
     fwd = 1.0 + ref_fwd + pl.when(trl).then(nograd).otherwise(0.0)
+    # The fused head's fold without Triton (CPU) is torch elementwise work over [N, V] several times over
+    # (_forward_tile / _backward_tile): replayed on this CPU against F.cross_entropy forward+backward over the same
+    # [N, V] (N 258-2032, V 2k-32k), the policy's fold costs 3.6-5.6 of those beyond its four tile GEMMs, a no-grad
+    # forward's 0.8-1.2. In those units (the cross_entropy fwd_bwd probe), for the composition.
+    cpu = c("g_name") == "cpu"
+    fold = pl.when(trl & fused & cpu).then(
+        CPU_FOLD_POLICY_CE + CPU_FOLD_NOGRAD_CE * (ref_fwd + nograd)).otherwise(0.0)
     return df.with_columns(
+        d_head_fold_ce=fold,
         d_head_fwd_passes=fwd + pl.when(trl & fused).then(1.0).otherwise(0.0),
-        d_head_ce_passes=pl.when(trl & fused).then(2.0 + fwd).otherwise(
+        d_head_ce_passes=pl.when(trl & fused & cpu).then(0.0).when(trl & fused).then(2.0 + fwd).otherwise(
             3.0 + ref_fwd + pl.when(trl).then(_rule("nll_share", 0.0) * 3.0).otherwise(0.0)),
         d_extra_fwd_passes=extra_fwd,
     )

@@ -35,8 +35,9 @@ def trl_rows(raw: pl.DataFrame) -> pl.DataFrame:
 
     - framework: the backend that ran (single/ddp -> trl, fsdp -> trl+fsdp, deepspeed-zN -> trl+deepspeed zero N);
     - source: "<source>-trl", so TRL rows weigh as one source and form their own model groups;
-    - w_seq_len: the padded length TRL really ran (padded_len_max, measured; DPOTrainer pads to the longest prompt
-      + completion of each batch), the nominal prompt + completion kept as w_seq_len_nominal;
+    - w_seq_len: the padded length TRL really ran (padded_len_mean over the measured micro-batches; DPOTrainer
+      pads to the longest prompt + completion of each batch, so with length jitter it runs below the nominal
+      prompt + completion, kept as w_seq_len_nominal);
     - peak_memory_gib: the live-tensor peak plus DDP's gradient buckets (ddp_bucket_bytes, recorded beside it:
       allocated in C++ at wrap time, invisible to the tensor scan), i.e. every tensor byte the process held; the
       scan alone stays as peak_memory_live_gib."""
@@ -51,9 +52,9 @@ def trl_rows(raw: pl.DataFrame) -> pl.DataFrame:
             p_zero=pl.when(ds).then(c("backend").str.extract(r"(\d)$").cast(pl.Int64).fill_null(c("p_zero")))
             .otherwise(c("p_zero")))
     df = df.with_columns(source=pl.concat_str([c("source"), pl.lit(TRL_SOURCE_SUFFIX)]))
-    if "padded_len_max" in df.columns:
+    if "padded_len_mean" in df.columns:
         df = df.with_columns(w_seq_len_nominal=c("w_seq_len"),
-                             w_seq_len=pl.coalesce(c("padded_len_max").cast(pl.Float64).round(0).cast(pl.Int64),
+                             w_seq_len=pl.coalesce(c("padded_len_mean").cast(pl.Float64).round(0).cast(pl.Int64),
                                                    c("w_seq_len")))
     if "ddp_bucket_bytes" in df.columns:
         df = df.with_columns(peak_memory_live_gib=c("peak_memory_gib"),
