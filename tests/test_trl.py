@@ -66,13 +66,13 @@ def test_rank_space_trl_plans_are_runnable_and_emittable():
 
 def test_fused_head_bytes_follow_trl_chunked_logprob():
     """DPO's head on CPU (trl/kernels/chunked_logprob.py:300-440, no Triton): fp32 grad_hidden [N, h] and grad_weight
-    [V, h], the tile buffer [min(N, 4096), 32768] (full chunk width even at V = 8192, :413) and 33 bytes of fold
+    [V, h], the tile buffer [min(N, 4096), 32768] (full chunk width even at V = 8192, :413) and 29 bytes of fold
     temporaries per [min(N, 4096), min(V, 32768)] tile element (profiler replay, features.trl). N = micro-batch x 2
     (chosen + rejected) x padded length. Exact by construction (tolerance 1e-9)."""
     d = _describe([_row("dpo", "precomputed")]).row(0, named=True)
     n, h, v = 2 * 2 * 256, 256, 8192
     rows = min(n, TOKEN_TILE)
-    expect = 4 * n * h + 4 * v * h + rows * VOCAB_TILE * 4 + rows * min(v, VOCAB_TILE) * 33
+    expect = 4 * n * h + 4 * v * h + rows * VOCAB_TILE * 4 + rows * min(v, VOCAB_TILE) * 29
     assert d["d_logits_bytes"] == pytest.approx(expect, rel=1e-9)
     assert d["d_ref_weight_bytes"] == 0.0  # precompute without ref_model: DPOTrainer builds none (:908-914)
 

@@ -61,10 +61,12 @@ VOCAB_TILE = 32768  # trl/trainer/utils.py:1506 _CHUNKED_LOGPROB_CHUNK_SIZE
 # the masks and masked copy of is_top1, e = exp(z - m), e * z (chunked_logprob.py:152-196); the backward's
 # recomputed tile and its gradient terms (:198-240). Counted by replaying _ChunkedLogProbFunction on CPU under
 # torch.profiler's allocation events (the running maximum of allocated minus freed bytes; collect trl's label
-# method): 13 bytes per element forward, 33 backward, at every N, V and h tried (N 258-4500, V 2k-16k, h 128-640),
-# on top of mm_buf, grad_hidden [N, h] and grad_weight [V, h] (fp32 accumulators, :405-411).
+# method): 13 bytes per element forward, 29 backward when only the log-probs carry a gradient (DPO/KTO: the
+# entropy is a metric, so its gradient is None, `ctx.set_materialize_grads(False)`; 33 if it had one), at every N,
+# V and h tried (N 258-4500, V 2k-32k, h 128-640), on top of mm_buf, grad_hidden [N, h] and grad_weight [V, h]
+# (fp32 accumulators, :405-411).
 CPU_FOLD_FWD_BYTES = 13.0
-CPU_FOLD_BWD_BYTES = 33.0
+CPU_FOLD_BWD_BYTES = 29.0
 # The full-logits trainers, counted the same way on CPU over CPOTrainer.get_batch_logps (+ ORPO's chosen-half
 # nn.CrossEntropyLoss) and their backward: 4 + 7 bytes per logit of the 2B rows (the fp32 logits, their gradient
 # and selective_log_softmax's per-row logsumexp path), and 12 more per logit of the chosen half for ORPO's NLL (the
