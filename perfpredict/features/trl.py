@@ -194,7 +194,13 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     fwd_transient = pl.when(nograd).then(c("d_act_per_layer") + mm_buf + fold_fwd).otherwise(0.0)
     # Once per model (HF_FINAL_SBH, the attention mask) on top of features.memory's per-layer activations.
     b_rows = c("p_micro_batch").cast(pl.Float64) * grad_seqs
-    act_first = (c("d_act_first") + HF_FINAL_SBH * n_tok * h * ab + b_rows * s * s * ab)
+    # Gradient checkpointing re-materialises one layer during the backward, after the head's backward has freed its
+    # buffers: the two transients do not coincide, the larger counts (features.memory adds the layer's to the
+    # activations; here it moves to the head term as max(head, layer)).
+    stored = c("d_act_per_layer") * c("d_layers_first") * c("d_inflight_microbatches")
+    recompute_layer = (c("d_act_first") - stored).clip(lower_bound=0.0)
+    act_first = stored + HF_FINAL_SBH * n_tok * h * ab + b_rows * s * s * ab
+    head_bwd = pl.max_horizontal(head_bwd, recompute_layer)
     # Reference weights: the policy's dtype, sharded only where its preparation shards it.
     w_b = pl.when(fp32 | ((c("d_runtime") == "ddp") & c("w_master_fp32"))).then(4.0).otherwise(2.0)
     sharded = ((c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)) | (c("d_runtime") == "fsdp")
