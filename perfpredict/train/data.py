@@ -38,6 +38,7 @@ def trl_rows(raw: pl.DataFrame) -> pl.DataFrame:
     - w_seq_len: the padded length TRL really ran (padded_len_mean over the measured micro-batches; DPOTrainer
       pads to the longest prompt + completion of each batch, so with length jitter it runs below the nominal
       prompt + completion, kept as w_seq_len_nominal);
+    - timing gate: collect trl's own (timing_gate_ok), its competing load standing in for other_load_cores;
     - peak_memory_gib: the live-tensor peak plus DDP's gradient buckets (ddp_bucket_bytes, recorded beside it:
       allocated in C++ at wrap time, invisible to the tensor scan), i.e. every tensor byte the process held; the
       scan alone stays as peak_memory_live_gib."""
@@ -56,6 +57,13 @@ def trl_rows(raw: pl.DataFrame) -> pl.DataFrame:
         df = df.with_columns(w_seq_len_nominal=c("w_seq_len"),
                              w_seq_len=pl.coalesce(c("padded_len_mean").cast(pl.Float64).round(0).cast(pl.Int64),
                                                    c("w_seq_len")))
+    if "competing_load_cores" in df.columns:
+        # collect trl's gate (trl-collect notes): calib_ratio (max of the calibration before and after, over its
+        # baseline) <= 1.12 and competing_load_cores <= 0.3, the load beyond the cores its ranks leave idle (the raw
+        # other_load_cores counts the neighbours on the core a single rank leaves free, always busy here).
+        df = df.with_columns(other_load_raw_cores=c("other_load_cores"), other_load_cores=c("competing_load_cores"),
+                             timing_gate_ok=(c("calib_ratio") <= CALIB_RATIO_MAX)
+                             & (c("competing_load_cores") <= OTHER_LOAD_MAX_CORES))
     if "ddp_bucket_bytes" in df.columns:
         df = df.with_columns(peak_memory_live_gib=c("peak_memory_gib"),
                              peak_memory_gib=c("peak_memory_gib")
@@ -107,6 +115,8 @@ def time_rows(runs: pl.DataFrame) -> pl.DataFrame:
         ok = ok & ((c("calib_before_s") / c("calib_baseline_s")).fill_null(1.0) <= CALIB_RATIO_MAX)
     if "other_load_cores" in runs.columns:
         ok = ok & (c("other_load_cores").fill_null(0.0) <= OTHER_LOAD_MAX_CORES)
+    if "timing_gate_ok" in runs.columns:  # a source's own gate verdict (collect trl), where it gives one
+        ok = ok & c("timing_gate_ok").fill_null(True)
     return runs.filter(ok)
 
 
