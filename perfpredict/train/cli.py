@@ -79,6 +79,8 @@ def evaluate_cmd(
     variant: Annotated[list[str] | None, typer.Option(help="correction variants to compare (repeat): absolute, "
                                                             "scale-free, scale-free+domain (shipped)")] = None,
     subset: Annotated[int, typer.Option(help="evaluate on a random subset of N runs (quick check)")] = 0,
+    source: Annotated[list[str] | None, typer.Option(help="only these sources' runs and their hardware's probes "
+                                                          "(repeat), e.g. ours-cpu + ours-cpu-trl")] = None,
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the metric table as JSON")] = None,
     phase: Annotated[str, typer.Option(help="train | generate (the vLLM generation model)")] = "train",
@@ -111,6 +113,7 @@ def evaluate_cmd(
     with _progress() as prog:
         task = prog.add_task("evaluating", total=None)
         res = evaluate(data=data, seed=seed, splits=splits, variants=variants, subset=subset or None,
+                       sources=tuple(source or ()),
                        progress=lambda m: prog.update(task, description=f"held out {m}"))
     console.print("time: step-time errors (learned | composition alone | analytic); applic.: mean weight of the "
                   "learned correction; mem: peak memory; false OOM: ran but predicted not to fit")

@@ -156,11 +156,23 @@ def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> 
 
 def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLITS,
              variants: tuple[str, ...] = (DEFAULT_VARIANT.name,), progress: Callable[[str], None] | None = None,
-             subset: int | None = None) -> dict[str, pl.DataFrame]:
+             subset: int | None = None, sources: tuple[str, ...] = ()) -> dict[str, pl.DataFrame]:
     """Every split for every variant. The test partition is removed before the development splits run, and
-    scored only by the `largest` split. Returns the metric table and the predictions."""
+    scored only by the `largest` split. Returns the metric table and the predictions.
+
+    `sources` keeps only those sources' runs, and only the probes of their hardware (a quicker evaluation of one
+    corner, e.g. ours-cpu + ours-cpu-trl; its numbers are of models trained on that subset)."""
     probes = load_probes(data)
     runs = load_runs(data)
+    if sources:
+        unknown = sorted(set(sources) - set(runs["source"].unique().to_list()))
+        if unknown:
+            from perfpredict.core.errors import PerfPredictError
+
+            raise PerfPredictError(f"no runs of source(s) {unknown} under {str(data)!r}; present: "
+                                   f"{', '.join(sorted(runs['source'].unique().to_list()))}")
+        runs = runs.filter(c("source").is_in(list(sources)))
+        probes = probes.filter(c("hardware").is_in(runs["g_name"].unique().to_list()))
     if subset:
         runs = runs.sample(n=min(subset, runs.height), seed=seed, shuffle=False)
     kernels = KernelModel(seed=seed).fit(probes)
