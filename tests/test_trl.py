@@ -198,3 +198,22 @@ def test_emit_trl_ddp_accelerate_config():
     # deepspeed/fsdp targets refuse plain-DDP TRL plans, and the trl target refuses non-TRL plans.
     assert fit("deepspeed", p, w, get_model("llama-3.2-1b")) is not None
     assert fit("trl", Plan(dp=8, micro_batch=2, framework="deepspeed"), w, get_model("llama-3.2-1b")) is not None
+
+
+def test_trl_calibration_defaults_without_trl_steps_and_only_moves_trl_rows():
+    """Fewer than 10 measured TRL steps: the defaults; the host terms never touch a non-TRL or GPU row."""
+    from perfpredict.learn.compose import TRL_CALIBRATION, compose, fit_trl_calibration
+    from perfpredict.predictor.predict import load_predictor
+
+    kernels = load_predictor().kernels
+    d = _describe([_row("dpo", "live"), {**_row("dpo", "live"), "p_framework": "fsdp"},
+                   _row("dpo", "live", cluster=Cluster(gpu=get_gpu("h100-sxm-80gb"), gpus_per_node=1, nodes=1),
+                        precision="bf16")])
+    assert fit_trl_calibration(d, kernels, np.ones(d.height)) == TRL_CALIBRATION
+    base = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
+    kernels.trl_calibration_ = {"fold_scale": 1.0, "step_s": 0.5, "microbatch_s": 0.0}
+    try:
+        moved = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
+    finally:
+        kernels.trl_calibration_ = None
+    assert moved[0] == pytest.approx(base[0] + 0.5) and moved[1] == base[1] and moved[2] == base[2]
