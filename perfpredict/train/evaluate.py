@@ -236,3 +236,53 @@ def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl.DataFrame:
+    """A quick trl-shape table without the learned layer: the composition with each shape's TRL calibration fitted
+    without that shape (and without the largest, test-partition shape), and the analytic memory and step
+    estimates, per trainer x reference mode. `kernels` default: the shipped predictor's (no TRL row in them)."""
+    from perfpredict.learn.compose import LAUNCH_FLOOR_S, TRL_FOLD_GRID, TRL_MB_GRID, TRL_STEP_GRID, _compose
+    from perfpredict.train.data import load_trl
+
+    if kernels is None:
+        from perfpredict.predictor.predict import load_predictor
+
+        kernels = load_predictor().kernels
+    d = describe_trl(load_trl(data))
+    largest = d["m_params"].max()
+    t = time_rows(d)
+    zero = {"fold_scale": 0.0, "step_s": 0.0, "microbatch_s": 0.0}
+    base = _compose(t, kernels, getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S, zero)
+    b, fold = base["k_step_s"].to_numpy(), base["k_trlfold_unit_s"].to_numpy()
+    ga, y = t["p_grad_accum"].to_numpy().astype(float), t["step_time_s"].to_numpy()
+    shape, params = t["m_name"].to_numpy(), t["m_params"].to_numpy()
+    pred = np.full(len(y), np.nan)
+    grid = [(f, st, mb) for f in TRL_FOLD_GRID for st in TRL_STEP_GRID for mb in TRL_MB_GRID]
+    for s_ in np.unique(shape):
+        te, tr = shape == s_, (shape != s_) & (params != largest)
+        err = [np.median(np.abs(np.log10(y[tr] / (b[tr] + f * fold[tr] + st + mb * ga[tr])))) for f, st, mb in grid]
+        f, st, mb = grid[int(np.argmin(err))]
+        pred[te] = b[te] + f * fold[te] + st + mb * ga[te]
+    t = t.with_columns(_comp=pl.Series(pred))
+    m = memory_rows(d)
+    rows = []
+    for mode in [*sorted(set(d["trl_mode"].to_list())), "all"]:
+        tt = t if mode == "all" else t.filter(c("trl_mode") == mode)
+        mm = m if mode == "all" else m.filter(c("trl_mode") == mode)
+        rows.append({"trl_mode": mode, "time_n": tt.height,
+                     "time_composed_mape": float(_ape(tt["_comp"].to_numpy(), tt["step_time_s"].to_numpy()).mean())
+                     if tt.height else float("nan"),
+                     "time_analytic_mape": float(_ape(tt["d_analytic_step_s"].to_numpy(),
+                                                      tt["step_time_s"].to_numpy()).mean()) if tt.height else float("nan"),
+                     "mem_n": mm.height,
+                     "mem_analytic_mape": float(_ape(mm["d_mem_gib"].to_numpy(), mm["peak_memory_gib"].to_numpy()).mean())
+                     if mm.height else float("nan")})
+    return pl.DataFrame(rows)
+
+
+def describe_trl(raw: pl.DataFrame) -> pl.DataFrame:
+    from perfpredict.features.descriptors import describe
+
+    return describe(raw).filter(c("outcome") == "ok").with_columns(
+        trl_mode=pl.concat_str([c("w_objective"), c("w_reference")], separator=" "))
