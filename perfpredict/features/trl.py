@@ -15,7 +15,7 @@ Read from the installed sources of TRL 1.16.0, transformers 5.24.0 and accelerat
   installed at dpo_trainer.py:960, kto_trainer.py:967) replaces the head with `_ChunkedLogProbFunction`
   (trl/kernels/chunked_logprob.py:300-440): tiles of [min(N, 4096) tokens, 32768 vocabulary columns]
   (utils.py:1506 `_CHUNKED_LOGPROB_CHUNK_SIZE = 32768`, chunked_logprob.py:31 `TOKEN_CHUNK_SIZE = 4096`) in the
-  compute dtype; without Triton (CPU) every position is scored (utils.py:1638 `compact = _use_triton(...)`) and
+  compute dtype; without Triton (CPU) every position is scored (utils.py:1642 `compact = _use_triton(...)`) and
   each tile is folded in torch with fp32 temporaries (chunked_logprob.py:152 `_forward_tile`: `z = tile.float()`,
   `e = exp(z - m)`, `e * z` for the entropy DPO requests at dpo_trainer.py:955-958); on GPU a Triton kernel folds
   the tile in place. The backward recomputes every tile (one more head GEMM per tile) and accumulates
@@ -58,8 +58,8 @@ VOCAB_TILE = 32768  # trl/trainer/utils.py:1506 _CHUNKED_LOGPROB_CHUNK_SIZE
 # (chunked_logprob.py:347 and :413 `mm_buf = torch.empty((min(N, TOKEN_CHUNK_SIZE), chunk_size), ...)`): at a small
 # vocabulary it, not the vocabulary, sets the head's memory.
 # Temporaries per tile element of the torch fold used without Triton (CPU): the forward's z = tile.float(),
-# the masks and masked copy of is_top1, e = exp(z - m), e * z (chunked_logprob.py:152-196); the backward's
-# recomputed tile and its gradient terms (:198-240). Counted by replaying _ChunkedLogProbFunction on CPU under
+# the masks and masked copy of is_top1, e = exp(z - m), e * z (chunked_logprob.py:211-255); the backward's
+# recomputed tile and its gradient terms (:257-300). Counted by replaying _ChunkedLogProbFunction on CPU under
 # torch.profiler's allocation events (the running maximum of allocated minus freed bytes; collect trl's label
 # method): 13 bytes per element forward, 29 backward when only the log-probs carry a gradient (DPO/KTO: the
 # entropy is a metric, so its gradient is None, `ctx.set_materialize_grads(False)`; 33 if it had one), at every N,
