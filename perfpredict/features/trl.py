@@ -16,7 +16,7 @@ Read from the installed sources of TRL 1.16.0, transformers 5.24.0 and accelerat
   (trl/kernels/chunked_logprob.py:300-440): tiles of [min(N, 4096) tokens, 32768 vocabulary columns]
   (utils.py:1506 `_CHUNKED_LOGPROB_CHUNK_SIZE = 32768`, chunked_logprob.py:31 `TOKEN_CHUNK_SIZE = 4096`) in the
   compute dtype; without Triton (CPU) every position is scored (utils.py:1642 `compact = _use_triton(...)`) and
-  each tile is folded in torch with fp32 temporaries (chunked_logprob.py:152 `_forward_tile`: `z = tile.float()`,
+  each tile is folded in torch with fp32 temporaries (chunked_logprob.py:211 `_forward_tile`: `z = tile.float()`,
   `e = exp(z - m)`, `e * z` for the entropy DPO requests at dpo_trainer.py:955-958); on GPU a Triton kernel folds
   the tile in place. The backward recomputes every tile (one more head GEMM per tile) and accumulates
   grad_hidden [N, H] and grad_weight [V, H] in fp32 (chunked_logprob.py:405-411 "Always accumulate in fp32").
