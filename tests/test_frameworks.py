@@ -28,13 +28,15 @@ def test_every_generated_plan_runs_and_emits_for_its_framework(framework):
         plans = list(enumerate_plans(model, cluster, w, PlanSpace(frameworks=(framework,))))
         seen += len(plans)
         for i, p in enumerate(plans):
-            assert p.framework == framework
+            # A framework with backends (trl) brings them along; each plan is its own backend's.
+            assert p.framework in (framework, *cap.backends)
             assert why_not(p, model) is None, p.label()
             Scenario(model=model, cluster=cluster, workload=w, plan=p)
-            if cap.emit_target:
-                assert fit(cap.emit_target, p, w, model) is None, p.label()
+            target = capability(p.framework).emit_target
+            if target:
+                assert fit(target, p, w, model) is None, p.label()
                 if i % 97 == 0:  # writing every config is slow; a spread sample is written in full
-                    assert emit(cap.emit_target, model=model, cluster=cluster, workload=w, plan=p)
+                    assert emit(target, model=model, cluster=cluster, workload=w, plan=p)
     assert seen > 0
 
 
@@ -50,13 +52,15 @@ def test_rank_rows_emit_for_their_framework(framework):
         assert fit(framework, p, w, model) is None, row["plan"]
 
 
-def test_trl_is_in_the_table_but_not_ranked():
+def test_trl_is_ranked_when_asked_for():
     trl = CAPABILITIES["trl"]
-    assert trl.backends == ("trl+deepspeed", "trl+fsdp") and not trl.rankable
+    assert trl.backends == ("trl+deepspeed", "trl+fsdp") and trl.rankable and trl.zero_stages == (0,)
     assert not CAPABILITIES["trl+fsdp"].tp and CAPABILITIES["trl+deepspeed"].param_offload_zero == (3,)
-    assert "trl" not in RANKABLE
-    with pytest.raises(PerfPredictError, match="not modelled"):
-        Plan(framework="trl+deepspeed")
+    assert {"trl", "trl+deepspeed", "trl+fsdp"} <= set(RANKABLE)
+    assert Plan(framework="trl+deepspeed", zero=3, dp=2).framework == "trl+deepspeed"
+    with pytest.raises(PerfPredictError, match="no tensor parallelism"):
+        Scenario.from_dict({"model": "llama-3.2-1b", "hardware": {"gpu": "h100-sxm-80gb", "gpus_per_node": 2},
+                            "workload": {"global_batch": 4}, "plan": {"tp": 2, "framework": "trl"}})
 
 
 def test_stage_splits_follow_each_framework():

@@ -66,7 +66,7 @@ def test_reference_defaults():
     ({"ep": 2**40}, "ep must be an integer in 1.."),
     ({"optimizer_offload": 1}, "optimizer_offload must be true or false"),
     ({"stage_layers": [4, "x"]}, "stage_layers must be a list of positive integers"),
-    ({"framework": "trl+deepspeed"}, "not modelled"),
+    ({"framework": "harness"}, "not modelled"),
     ({"zero": 4}, "zero must be 0, 1, 2 or 3"),
     ({"recompute": "some"}, "accepted: none, selective, full"),
     ({"framework": "jax"}, "accepted: megatron"),

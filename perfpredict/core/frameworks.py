@@ -33,8 +33,10 @@ Sources read (cited as repo:path, the `search` tool's code/docs corpora):
 - FSDP as accelerate drives it: FULL_SHARD (3) / SHARD_GRAD_OP (2), no TP/PP/CP through accelerate's FSDP plugin;
   `fsdp_offload_params` (CPUOffload) moves parameters, gradients and the optimizer step to the host, single GPU
   included.
-- TRL (DPOTrainer and relatives on accelerate): DDP, DeepSpeed ZeRO 0-3 with optimizer/param offload, or FSDP; no
-  TP/PP/CP. Measured and modelled in issue 10: until then `trl+*` rows are in the table but not rankable.
+- TRL 1.16 (DPOTrainer, CPOTrainer/ORPOTrainer under trl.experimental, KTOTrainer) on accelerate 1.15: `trl` is the
+  plain accelerate launch (one process, or DDP: accelerator.prepare wraps the model in DistributedDataParallel),
+  `trl+deepspeed` ZeRO 0-3 with optimizer/param offload, `trl+fsdp` FSDP (zero 2/3); no TP/PP/CP. Measured by
+  `perfpredict collect trl` and modelled by features/trl.py (issue 10): `rank --framework trl` ranks all three.
 - perfpredict collect's harness (perfpredict/collect/parallel.py, torchtitan-like, PyTorch-native): DDP, FSDP2
   (zero 2/3; zero 1 runs as 2), DTensor TP (+SP, not with MoE), 2-D TP x FSDP, torch.distributed.pipelining alone
   (tp = dp = 1) with GPipe or 1F1B and an even split; no CP, no offload. Its rows are recorded as framework "fsdp".
@@ -42,7 +44,7 @@ Sources read (cited as repo:path, the `search` tool's code/docs corpora):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from perfpredict.core.errors import PerfPredictError
@@ -85,6 +87,8 @@ class Capability:
     emit_target: str | None = None  # the config-writing `--emit` target named after it
     records_as: str = ""  # framework label its measured rows carry ("" = its own name)
     backends: tuple[str, ...] = ()
+    runtime: str = ""  # the distributed runtime whose memory/communication rules apply ("" = its own name)
+    explicit_only: bool = False  # ranked only when asked for (--framework), not in the default plan space
     notes: tuple[str, ...] = field(default=())
 
     def zero_choices(self, *, tp: int, pp: int, dp: int, offload: bool) -> tuple[int, ...]:
@@ -134,20 +138,35 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
         rankable=False, unrankable_why="it is the measurement harness; its rows train the fsdp model",
         records_as="fsdp", notes=("zero 1 runs (and is recorded) as zero 2: FSDP has no ZeRO-1",)),
     Capability(
+        "trl", "TRL on accelerate (one process or DDP)", **_HF, zero_stages=(0,), zero_single_replica=(0,),
+        emit_target="trl", runtime="ddp", explicit_only=True, backends=("trl+deepspeed", "trl+fsdp"),
+        notes=("accelerate's MULTI_GPU launch: DistributedDataParallel over dp, no ZeRO; `--framework trl` also ranks "
+               "its DeepSpeed and FSDP backends",)),
+    Capability(
         "trl+deepspeed", "TRL on DeepSpeed", **_HF, zero_stages=(0, 1, 2, 3), zero_single_replica=(0, 1, 2, 3),
-        optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,), rankable=False,
-        unrankable_why="TRL is measured and modelled in issue 10; until then plans use deepspeed",
-        emit_target="deepspeed"),
+        optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,), emit_target="deepspeed", runtime="deepspeed",
+        explicit_only=True),
     Capability(
         "trl+fsdp", "TRL on FSDP", **_HF, zero_stages=(2, 3), zero_single_replica=(2, 3), optimizer_offload_zero=(3,),
-        rankable=False, unrankable_why="TRL is measured and modelled in issue 10; until then plans use fsdp",
-        emit_target="fsdp"),
+        emit_target="fsdp", runtime="fsdp", explicit_only=True),
 ]}
-# A framework with backends: `trl` is whichever backend accelerate launches.
-CAPABILITIES["trl"] = replace(CAPABILITIES["trl+deepspeed"], name="trl", display="TRL (DPOTrainer on accelerate)",
-                              backends=("trl+deepspeed", "trl+fsdp"))
-
 RANKABLE = tuple(n for n, c in CAPABILITIES.items() if c.rankable)
+# What `rank` searches when no --framework is given: TRL plans run the same runtimes as deepspeed/fsdp, so they are
+# ranked when asked for (`--framework trl`), not twice by default.
+DEFAULT_RANKED = tuple(n for n in RANKABLE if not CAPABILITIES[n].explicit_only)
+# Framework -> the runtime whose memory and communication rules apply (features read this, not the names).
+RUNTIME = {n: (c.runtime or n) for n, c in CAPABILITIES.items()}
+TRL_FRAMEWORKS = tuple(n for n in CAPABILITIES if n == "trl" or n.startswith("trl+"))
+
+
+def expand_backends(names) -> tuple[str, ...]:
+    """A framework with backends stands for itself and its backends (`trl` -> trl, trl+deepspeed, trl+fsdp)."""
+    out: list[str] = []
+    for n in names:
+        for m in (n, *(CAPABILITIES[n].backends if n in CAPABILITIES else ())):
+            if m not in out:
+                out.append(m)
+    return tuple(out)
 
 
 def capability(name: str) -> Capability:

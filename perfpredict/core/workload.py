@@ -7,9 +7,11 @@ from typing import Any
 
 from perfpredict.core.errors import PerfPredictError, check_bool, check_choice, check_int, check_number, require
 
-OBJECTIVES = ("pretrain", "sft", "dpo", "ipo", "simpo", "orpo")
-# DPO and IPO compare the policy with a frozen reference; SimPO and ORPO are reference-free by design.
-NEEDS_REFERENCE = {"dpo": True, "ipo": True, "simpo": False, "orpo": False, "sft": False, "pretrain": False}
+OBJECTIVES = ("pretrain", "sft", "dpo", "ipo", "simpo", "orpo", "kto")
+# DPO, IPO and KTO compare the policy with a frozen reference; SimPO and ORPO are reference-free by design. KTO
+# (TRL's KTOTrainer) learns from unpaired examples: global_batch counts completions, one sequence each.
+NEEDS_REFERENCE = {"dpo": True, "ipo": True, "simpo": False, "orpo": False, "sft": False, "pretrain": False,
+                   "kto": True}
 PREFERENCE = frozenset({"dpo", "ipo", "simpo", "orpo"})
 REFERENCE_MODES = ("live", "precomputed", "offloaded", "none")
 PRECISIONS = ("bf16", "fp16", "fp32")

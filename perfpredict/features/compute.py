@@ -12,9 +12,9 @@ c = pl.col
 
 def forward_passes() -> pl.Expr:
     """Forward passes through the layers per micro-batch: the policy's, full recompute's repeat, the live (or
-    offloaded) reference's."""
+    offloaded) reference's, and the trainer's extra ones (features.trl: KTO's KL batch)."""
     return (1.0 + (c("p_recompute") == "full").cast(pl.Float64)
-            + c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64))
+            + c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64) + c("d_extra_fwd_passes"))
 
 
 def sp_div_ep() -> pl.Expr:
@@ -34,7 +34,7 @@ def flops(df: pl.DataFrame) -> pl.DataFrame:
     recompute = (pl.when(c("p_recompute") == "full").then(fwd)
                  .when(c("p_recompute") == "selective").then(attn_fwd).otherwise(0.0))
     ref = pl.when(c("w_reference").is_in(["live", "offloaded"])).then(fwd).otherwise(0.0)
-    per_token = 3.0 * fwd + recompute + ref
+    per_token = 3.0 * fwd + recompute + ref + c("d_extra_fwd_passes") * fwd
     n = c("c_gpus").cast(pl.Float64)
     return df.with_columns(
         d_tokens_per_step=tokens,
@@ -63,12 +63,13 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # volume); full recompute and the reference forward are forward passes too.
     tp_colls = 2.0 * forward_passes() + 2.0
     tp_bytes = m * layers * tp_colls * sbh * ring_ar_t
-    grad_b = pl.when(c("p_framework").is_in(["megatron", "nanotron"]) | (c("w_precision") == "fp32")).then(4.0).otherwise(2.0)
+    grad_b = pl.when(c("d_runtime").is_in(["megatron", "nanotron"]) | (c("w_precision") == "fp32")
+                     | ((c("d_runtime") == "ddp") & c("w_master_fp32"))).then(4.0).otherwise(2.0)
     ring_d = (d - 1.0) / d
     params = c("d_params_rank")
     # Gradient sync: all-reduce (zero 0) = reduce-scatter + all-gather of updated params (zero 1/2); DeepSpeed
     # ZeRO-2/3 and FSDP reduce every micro-batch, Megatron/nanotron once per step.
-    per_mb_sync = c("p_framework").is_in(["deepspeed", "fsdp"]) & (c("p_zero") >= 2)
+    per_mb_sync = c("d_runtime").is_in(["deepspeed", "fsdp"]) & (c("p_zero") >= 2)
     syncs = pl.when(per_mb_sync).then(m).otherwise(1.0)
     grad_sync = params * grad_b * ring_d * pl.when(c("p_zero") == 0).then(2.0).otherwise(1.0) * syncs
     param_gather = pl.when(c("p_zero").is_in([1, 2])).then(params * 2.0 * ring_d).otherwise(0.0)

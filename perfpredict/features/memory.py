@@ -18,12 +18,16 @@ def _tp():
 def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
     """Plan columns newer than some datasets (expert parallelism, parameter offload, uneven stages): added with the
     value those rows ran with where a frame lacks them or holds nulls."""
+    from perfpredict.core.frameworks import RUNTIME
     from perfpredict.core.scenario import PLAN_COLUMN_DEFAULTS
 
     dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8}
-    return df.with_columns([
+    df = df.with_columns([
         (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
         for k, v in PLAN_COLUMN_DEFAULTS.items()])
+    # The runtime whose memory/communication rules apply (core.frameworks RUNTIME: trl+deepspeed -> deepspeed ...).
+    return df.with_columns(d_runtime=c("p_framework").replace_strict(RUNTIME, default=c("p_framework"),
+                                                                     return_dtype=pl.Utf8))
 
 
 def stage_layout(df: pl.DataFrame) -> pl.DataFrame:
@@ -77,13 +81,17 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
       -3 everything (the ZeRO paper's 2+2+K with K=12).
     - fsdp (FSDP2 mixed precision): fp32 sharded parameters double as master (4), fp32 sharded grads (4), m+v (8),
       all sharded; the bf16 unsharded copy is a transient (see fsdp_gathered).
+    - ddp (TRL on plain accelerate): torch AdamW on the parameters as loaded: fp32 parameters under autocast
+      (w_master_fp32) hold 4 + 4 + 8; a bf16-loaded model trained in bf16 holds 2 + 2 and bf16 m+v (4).
     fp32 training: weights 4, grads 4, m+v 8, no master copy."""
     fp32 = c("w_precision") == "fp32"
-    fw = c("p_framework")
-    w = pl.when(fp32).then(4.0).when(fw == "fsdp").then(4.0).otherwise(2.0)
-    g = pl.when(fp32 | fw.is_in(["megatron", "nanotron", "fsdp"])).then(4.0).otherwise(2.0)
-    master = pl.when(fp32 | (fw == "fsdp") | ~c("w_master_fp32")).then(0.0).otherwise(4.0)
-    o = master + 8.0
+    fw = c("d_runtime")
+    ddp16 = (fw == "ddp") & ~c("w_master_fp32") & ~fp32
+    w = pl.when(fp32).then(4.0).when(fw == "fsdp").then(4.0).when(fw == "ddp").then(
+        pl.when(ddp16).then(2.0).otherwise(4.0)).otherwise(2.0)
+    g = pl.when(fp32 | fw.is_in(["megatron", "nanotron", "fsdp"])).then(4.0).when(fw == "ddp").then(w).otherwise(2.0)
+    master = pl.when(fp32 | fw.is_in(["fsdp", "ddp"]) | ~c("w_master_fp32")).then(0.0).otherwise(4.0)
+    o = master + pl.when(ddp16).then(4.0).otherwise(8.0)
     z = c("p_zero")
     # Context-parallel ranks hold the same weights and join the gradient reduction: Megatron's distributed
     # optimizer shards over the data-parallel-with-context-parallel group, dp x cp.
@@ -115,11 +123,16 @@ def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
     Korthikanti et al. 2022 (Table 2): 34 sbh + 5 a s^2 b with 10 sbh replicated under TP without SP, for
     MHA, a 4h GELU MLP and dropout. Here: no dropout (none of the preference trainers use it), GQA K/V at
     kv_heads/heads, SwiGLU keeps gate, up and silu(gate) and the product, and flash attention stores no scores."""
-    r_kv = c("m_kv_heads").cast(pl.Float64) / c("m_heads")
+    from perfpredict.features.trl import HF_REPLICATED_COEF, is_trl
+
+    # TRL's rows run transformers' Llama (features.trl): three tensors kept per norm, K/V repeated to all heads.
+    hf = is_trl()
+    r_kv = pl.when(hf).then(1.0).otherwise(c("m_kv_heads").cast(pl.Float64) / c("m_heads"))
     attn_width = c("m_heads").cast(pl.Float64) * c("m_head_dim") / c("m_hidden")
     f = pl.when(c("m_experts") > 0).then(c("m_expert_ffn") * c("m_experts_per_token")).otherwise(c("m_ffn"))
     f_h = f.cast(pl.Float64) / c("m_hidden")
-    replicated = pl.lit(8.0)  # two norm inputs (4) + QKV input (2) + MLP input (2)
+    # two norm inputs (4) + QKV input (2) + MLP input (2)
+    replicated = pl.when(hf).then(HF_REPLICATED_COEF).otherwise(8.0)
     attn = 2.0 * attn_width + 4.0 * r_kv * attn_width + 2.0 * attn_width  # Q, K, V, attention output
     mlp = pl.when(c("m_gated")).then(8.0 * f_h).otherwise(4.0 * f_h)
     return df.with_columns(d_act_repl_coef=replicated, d_act_shard_coef=attn + mlp, d_act_score_coef=pl.lit(0.0))
@@ -159,7 +172,7 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     v = c("m_vocab").cast(pl.Float64)
     # Output logits: bf16 logits, an fp32 copy and the fp32 log-softmax kept for backward (TRL/HF path);
     # Megatron/nanotron's fused vocab-parallel cross entropy keeps the fp32 softmax only.
-    hf = c("p_framework").is_in(["deepspeed", "fsdp"])
+    hf = c("d_runtime").is_in(["deepspeed", "fsdp", "ddp"])
     logit_bpe = pl.when(hf).then(10.0).otherwise(6.0)
     logits = s * b * v / t * logit_bpe
     # The second stage keeps one micro-batch fewer in flight under 1F1B; with an uneven split it may hold the most
@@ -203,7 +216,7 @@ def fsdp_gathered(df: pl.DataFrame) -> pl.DataFrame:
     SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward."""
     layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
     emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") * 2.0 / _tp()
-    gathered = (pl.when((c("p_framework") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
+    gathered = (pl.when((c("d_runtime") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
     return df.with_columns(d_gathered_bytes=gathered)
 
@@ -220,9 +233,11 @@ def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
     (perfpredict/collect/parallel.py strategy). Not FSDP (zero 2/3: gradients are sharded in place), not
     Megatron (its DDP accumulates into contiguous buffers the buckets are views of), not DeepSpeed (own reducer).
     Our CPU memory label cannot see these buckets (allocated in C++, outside the profiled step): for those rows the
-    measured peak plus this term is the true peak."""
-    ddp = ((c("p_framework") == "fsdp") & (c("p_zero") == 0) & (c("p_dp") * c("p_cp") > 1) & (c("p_tp") == 1)
-           & (c("p_pp") == 1))
+    measured peak plus this term is the true peak.
+    TRL on plain accelerate (runtime ddp) is DDP too: accelerator.prepare wraps the model in
+    DistributedDataParallel with the default bucket settings."""
+    ddp = (c("d_runtime").is_in(["fsdp", "ddp"]) & (c("p_zero") == 0) & (c("p_dp") * c("p_cp") > 1)
+           & (c("p_tp") == 1) & (c("p_pp") == 1))
     return df.with_columns(
         d_ddp_bucket_bytes=pl.when(ddp).then(c("d_params_rank") * c("d_grad_bpp")).otherwise(0.0))
 
@@ -272,7 +287,10 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:
-    for f in (plan_defaults, stage_layout, expert_parallel, param_shard, state_bytes_per_param,
-              activation_coefficients, activations, reference_model, fsdp_gathered, ddp_buckets, peak_memory):
+    from perfpredict.features.trl import head_passes, trl_memory
+
+    for f in (plan_defaults, head_passes, stage_layout, expert_parallel, param_shard, state_bytes_per_param,
+              activation_coefficients, activations, reference_model, fsdp_gathered, ddp_buckets, trl_memory,
+              peak_memory):
         df = f(df)
     return df

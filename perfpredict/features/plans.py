@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from perfpredict.core.errors import require
-from perfpredict.core.frameworks import Capability, capability, stage_layers
+from perfpredict.core.frameworks import DEFAULT_RANKED, Capability, capability, expand_backends, stage_layers
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan
@@ -36,7 +36,7 @@ def powers_of_two(limit: int) -> list[int]:
 class PlanSpace:
     """Which knobs to search. Defaults cover what a team would try."""
 
-    frameworks: tuple[str, ...] = FRAMEWORKS
+    frameworks: tuple[str, ...] = DEFAULT_RANKED  # a framework with backends (trl) brings them along
     recompute: tuple[str, ...] = RECOMPUTE
     micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     max_cp: int = 8
@@ -47,6 +47,7 @@ class PlanSpace:
     def __post_init__(self) -> None:
         for f in self.frameworks:
             require(f in FRAMEWORKS, f"unknown framework {f!r}; accepted: {', '.join(FRAMEWORKS)}")
+        object.__setattr__(self, "frameworks", expand_backends(tuple(self.frameworks)))
         for r in self.recompute:
             require(r in RECOMPUTE, f"unknown recompute {r!r}; accepted: {', '.join(RECOMPUTE)}")
         require(all(isinstance(m, int) and m > 0 for m in self.micro_batches), "micro_batches must be positive integers")

@@ -91,6 +91,7 @@ class Bundle:
             "features": {"kernel": self.kernels.feature_names_},
             "kernel_families": self.kernels.families_,
             "launch_floor_s": self.kernels.launch_floor_s_,
+            "trl_calibration": getattr(self.kernels, "trl_calibration_", None),
             "corrections": {"time": correction_meta(self.time), "memory": correction_meta(self.memory)},
             "intervals_log10": {"time": self.time_intervals.to_dict(), "memory": self.memory_intervals.to_dict()},
             "oom_margin": self.oom_margin,
@@ -121,6 +122,7 @@ class Bundle:
         kernels.feature_names_ = meta["features"]["kernel"]
         kernels.families_ = meta.get("kernel_families", {})
         kernels.launch_floor_s_ = meta["launch_floor_s"]
+        kernels.trl_calibration_ = meta.get("trl_calibration")  # absent in bundles trained before TRL rows
         regs = {kind: correction_from_meta(meta["corrections"][kind],
                                            GBRegressor.load_model(path / meta["files"][f"plan_{kind}"]),
                                            np.load(path / meta["files"][f"plan_{kind}_domain"], allow_pickle=False))

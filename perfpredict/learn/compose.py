@@ -29,7 +29,8 @@ PARTS = ("compute", "tp", "pp", "cp", "ep", "dp", "zero3", "optim")
 #   (huggingface/nanotron src/nanotron/parallel/data_parallel/utils.py, ddp_trigger_sync_in_bwd): bucketed overlap.
 # - fsdp (FSDP2 and our CPU harness's DDP) reduce-scatters / all-reduces buckets as gradients become ready.
 # - deepspeed: ZeRO-2/3 reduce in buckets during backward (overlap_comm).
-OVERLAP_GRAD_REDUCE = {"megatron": False, "nanotron": True, "fsdp": True, "deepspeed": True}
+# - ddp (TRL on plain accelerate): torch DDP's reducer all-reduces buckets during the last micro-batch's backward.
+OVERLAP_GRAD_REDUCE = {"megatron": False, "nanotron": True, "fsdp": True, "deepspeed": True, "ddp": True}
 # torch DDP's default bucket (bucket_cap_mb=25): the last bucket's reduction cannot hide behind any backward.
 LAST_BUCKET_BYTES = 25e6
 # Kernels a decoder layer launches per micro-batch in eager PyTorch-based trainers: about 15 forward (norms, four
@@ -43,6 +44,14 @@ BWD_SHARE = {"bwd_input": 1.0, "bwd_weight": 1.0, "fwd_bwd": 2.5 / 3.5}
 # trainers issue kernels one by one, and small kernels leave the GPU waiting on the host.
 LAUNCH_FLOOR_S = {"gpu": 2e-5, "cpu": 3e-5}
 LAUNCH_GRID_S = (5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5, 8e-5, 1.2e-4)
+# TRL on CPU (features.trl): the scale of the fused head's torch fold (in its cross-entropy fwd+bwd units) and the
+# trainer's own host time per optimizer step and per micro-batch (HF Trainer + TRL: collation, metrics gathers
+# and .item() syncs, the per-tensor AdamW and clipping loops). Fitted on measured TRL steps like the launch floor
+# (fit_trl_calibration); these defaults hold until then. GPU rows get none of the host terms (not measured there).
+TRL_CALIBRATION = {"fold_scale": 1.0, "step_s": 0.0, "microbatch_s": 0.0}
+TRL_FOLD_GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+TRL_STEP_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
+TRL_MB_GRID = (0.0, 0.01, 0.02, 0.05, 0.1)
 
 
 def _i(e: pl.Expr) -> pl.Expr:
@@ -63,6 +72,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         hardware=c("g_name"), dtype=c("w_precision"),
         T=T, Lps=c("d_layers_max"), mbs=c("p_grad_accum").cast(pl.Float64),
         fwd_mult=forward_passes(), attn_fwd_extra=forward_passes() - 1.0 + sel, ref=ref,
+        head_fwd=c("d_head_fwd_passes"), head_ce=c("d_head_ce_passes"), head_fold=c("d_head_fold_ce"),
         h=c("m_hidden").cast(pl.Float64), a=c("m_heads").cast(pl.Float64), kv=c("m_kv_heads").cast(pl.Float64),
         hd=c("m_head_dim").cast(pl.Float64), t=c("p_tp").cast(pl.Float64), V=c("m_vocab").cast(pl.Float64),
         f=f, gate=pl.when(c("m_gated")).then(2.0).otherwise(1.0),
@@ -106,11 +116,12 @@ def _gemms(b: pl.DataFrame) -> list[pl.DataFrame]:
             b.select("row", "hardware", "dtype", m=_i(m), n=_i(k), k=_i(n), pass_=pl.lit("bwd_input"), count=per),
             b.select("row", "hardware", "dtype", m=_i(k), n=_i(n), k=_i(m), pass_=pl.lit("bwd_weight"), count=per),
         ]
-    # Output head on the last stage: forward for the policy (and the reference), two backward GEMMs.
+    # Output head on the last stage: forward for the policy (and the reference; TRL's fused head recomputes it in
+    # the backward, features.trl.head_passes), two backward GEMMs.
     head_n = c("V") / c("t")
     out += [
         b.select("row", "hardware", "dtype", m=_i(c("T")), n=_i(head_n), k=_i(c("h")), pass_=pl.lit("fwd"),
-                 count=c("mbs") * (1.0 + c("ref"))),
+                 count=c("mbs") * c("head_fwd")),
         b.select("row", "hardware", "dtype", m=_i(c("T")), n=_i(c("h")), k=_i(head_n), pass_=pl.lit("bwd_input"),
                  count=c("mbs")),
         b.select("row", "hardware", "dtype", m=_i(c("h")), n=_i(head_n), k=_i(c("T")), pass_=pl.lit("bwd_weight"),
@@ -142,7 +153,12 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
                  numel=_i(c("T") * c("topk") * c("f") / c("t")), count=per * passes),
         b.select("row", "hardware", "dtype", op=pl.lit("add"), numel=_i(c("T_sp") * c("h")), count=2.0 * per * passes),
         b.select("row", "hardware", "dtype", op=pl.lit("cross_entropy"), numel=_i(c("T") * c("V") / c("t")),
-                 count=c("mbs") * (3.0 + c("ref"))),
+                 count=c("mbs") * c("head_ce")),
+        # TRL's fused head on CPU (features.trl.head_passes): its torch fold, in cross-entropy fwd+bwd units,
+        # scaled by the fitted calibration (fit_trl_calibration).
+        b.filter(c("head_fold") > 0).select("row", "hardware", "dtype", op=pl.lit("cross_entropy"),
+                                            pass_=pl.lit("fwd_bwd"), numel=_i(c("T") * c("V") / c("t")),
+                                            count=c("mbs") * c("head_fold"), part=pl.lit("trlfold")),
     ]
 
 
@@ -267,15 +283,39 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
     `canonical`) kc_<part>_frac, the shares of the canonical plan's composed step (see canonical_frame). The
     launch floor is the one fitted with the kernels (`kernels.launch_floor_s_`), else the default."""
     floors = launch_floor or getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S
-    out = _compose(desc, kernels, floors)
+    cal = {**TRL_CALIBRATION, **(getattr(kernels, "trl_calibration_", None) or {})}
+    out = _compose(desc, kernels, floors, cal)
     if not canonical:
         return out
-    canon = _compose(canonical_frame(desc), kernels, floors)
+    canon = _compose(canonical_frame(desc), kernels, floors, cal)
     return out.with_columns(
         kc_step_s=canon["k_step_s"], **{f"kc_{p}_frac": canon[f"k_{p}_frac"] for p in (*PARTS, "launch")})
 
 
-def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float]) -> pl.DataFrame:
+def fit_trl_calibration(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray) -> dict[str, float]:
+    """TRL_CALIBRATION's three numbers that best explain measured TRL steps on CPU (median |log ratio|, over a
+    grid); the defaults without at least 10 such steps."""
+    trl = (desc["p_framework"].str.starts_with("trl") & (desc["g_name"] == "cpu")).fill_null(False).to_numpy()
+    if trl.sum() < 10:
+        return dict(TRL_CALIBRATION)
+    sub = desc.filter(pl.Series(trl))
+    zero = {"fold_scale": 0.0, "step_s": 0.0, "microbatch_s": 0.0}
+    base = _compose(sub, kernels, getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S, zero)
+    b, fold = base["k_step_s"].to_numpy(), base["k_trlfold_unit_s"].to_numpy()
+    ga, y = sub["p_grad_accum"].to_numpy().astype(float), y_s[trl]
+    best = None
+    for f in TRL_FOLD_GRID:
+        for st in TRL_STEP_GRID:
+            for mb in TRL_MB_GRID:
+                err = float(np.median(np.abs(np.log10(y / (b + f * fold + st + mb * ga)))))
+                if best is None or err < best[0]:
+                    best = (err, {"fold_scale": f, "step_s": st, "microbatch_s": mb})
+    return best[1]
+
+
+def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
+             cal: dict[str, float] | None = None) -> pl.DataFrame:
+    cal = cal or TRL_CALIBRATION
     q = kernel_queries(desc)
     keys = list(KERNEL_KEYS) + ["family"]
     uniq = q.select(keys).unique()
@@ -290,16 +330,17 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float])
     parts = (q.group_by("row", "part").agg(s=(c("kt") * c("count")).sum())
              .pivot(on="part", index="row", values="s"))
     bwd = q.group_by("row").agg(k_bwd_s=c("bwd").sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum())
-    for p in (*PARTS, "dpgather"):
+    for p in (*PARTS, "dpgather", "trlfold"):
         if p not in parts.columns:
             parts = parts.with_columns(pl.lit(0.0).alias(p))
-    parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather")])
+    parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")])
     out = (desc.with_row_index("row").join(parts, on="row", how="left").join(bwd, on="row", how="left")
            .drop("row"))
-    out = out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather")] + [c("k_bwd_s").fill_null(0.0)])
+    out = out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather", "trlfold")]
+                           + [c("k_bwd_s").fill_null(0.0)])
     n_untimed = (c("p_grad_accum") * c("d_layers_max")
                  * (UNTIMED_FWD_PER_LAYER * forward_passes() + UNTIMED_BWD_PER_LAYER))
-    overlap = c("p_framework").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
+    overlap = c("d_runtime").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
     grad_bytes = (c("d_params_rank") * c("d_grad_bytes_per_param")).clip(lower_bound=1.0)
     per_mb_bwd = c("k_bwd_s") / c("p_grad_accum")
     out = out.with_columns(
@@ -312,9 +353,16 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float])
         k_zero3_s=_exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), c("p_pp") / c("m_layers").cast(pl.Float64)),
         **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
     ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
+    trl_cpu = c("p_framework").str.starts_with("trl") & (c("g_name") == "cpu")
+    out = out.with_columns(
+        k_trlfold_unit_s=c("k_trlfold_raw_s"),
+        k_trl_s=c("k_trlfold_raw_s") * cal["fold_scale"] + pl.when(trl_cpu).then(
+            cal["step_s"] + cal["microbatch_s"] * c("p_grad_accum").cast(pl.Float64)).otherwise(0.0),
+    ).drop("k_trlfold_raw_s")
     stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_ep_s") + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
-        k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s"),
+        k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s")
+        + c("k_trl_s"),
     ).with_columns(
         k_bubble_s=stage * c("d_bubble_frac") / (1.0 - c("d_bubble_frac")),
         **{f"k_{p}_frac": c(f"k_{p}_s") / c("k_step_s") for p in (*PARTS, "launch")},

@@ -42,7 +42,7 @@ def train_cmd(
 
 
 TABLE_COLUMNS = (
-    ("variant", "variant"), ("split", "split"), ("source", "source"),
+    ("variant", "variant"), ("split", "split"), ("source", "source"), ("trl_mode", "TRL trainer x reference"),
     ("time_n", "n"), ("time_mape", "MAPE"), ("time_median_ape", "med"), ("time_p90_ape", "p90"),
     ("time_composed_mape", "composed"), ("time_analytic_mape", "analytic"), ("time_coverage", "cover90"),
     ("time_weight_mean", "applic."), ("mem_n", "mem n"), ("mem_mape", "mem MAPE"),
@@ -75,10 +75,12 @@ def evaluate_cmd(
     data: Annotated[Path, typer.Option(help="datasets folder")] = Path("datasets"),
     seed: Annotated[int, typer.Option()] = 0,
     split: Annotated[list[str] | None, typer.Option(help="splits to run (repeat): model, width, scale, hardware, "
-                                                          "largest (the test partition); default all")] = None,
+                                                          "trl-shape, largest (the test partition); default all")] = None,
     variant: Annotated[list[str] | None, typer.Option(help="correction variants to compare (repeat): absolute, "
                                                             "scale-free, scale-free+domain (shipped)")] = None,
     subset: Annotated[int, typer.Option(help="evaluate on a random subset of N runs (quick check)")] = 0,
+    source: Annotated[list[str] | None, typer.Option(help="only these sources' runs and their hardware's probes "
+                                                          "(repeat), e.g. ours-cpu + ours-cpu-trl")] = None,
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the metric table as JSON")] = None,
     phase: Annotated[str, typer.Option(help="train | generate (the vLLM generation model)")] = "train",
@@ -111,12 +113,18 @@ def evaluate_cmd(
     with _progress() as prog:
         task = prog.add_task("evaluating", total=None)
         res = evaluate(data=data, seed=seed, splits=splits, variants=variants, subset=subset or None,
+                       sources=tuple(source or ()),
                        progress=lambda m: prog.update(task, description=f"held out {m}"))
     console.print("time: step-time errors (learned | composition alone | analytic); applic.: mean weight of the "
                   "learned correction; mem: peak memory; false OOM: ran but predicted not to fit")
     console.print(_table(res["metrics"], "held-out accuracy (split 'largest' is the untouched test partition)"))
+    trl = res.get("metrics_trl")
+    if trl is not None and trl.height:
+        console.print(_table(trl, "TRL runs per trainer x reference mode (trl-shape: each TRL model shape held out)"))
     if json_out:
-        json_out.write_text(json.dumps(res["metrics"].to_dicts(), indent=1, default=str))
+        out = res["metrics"].to_dicts() + ([{"table": "trl", **r} for r in trl.to_dicts()]
+                                           if trl is not None and trl.height else [])
+        json_out.write_text(json.dumps(out, indent=1, default=str))
     if plot is not None:
         console.print(f"plot: {plot_predicted_vs_measured(res['predictions'], plot)}")
 

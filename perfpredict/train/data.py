@@ -25,8 +25,62 @@ def default_data_root() -> Path:
     return Path(__file__).resolve().parents[2] / "datasets"
 
 
+TRL_SOURCE_SUFFIX = "-trl"  # ours-cpu -> ours-cpu-trl: TRL's rows are their own source (weights, splits)
+# collect trl's `backend` column -> the capability-table framework (core.frameworks) whose plans it ran.
+TRL_BACKENDS = {"single": "trl", "ddp": "trl", "fsdp": "trl+fsdp"}
+
+
+def trl_rows(raw: pl.DataFrame) -> pl.DataFrame:
+    """`perfpredict collect trl` rows (datasets/ours/*/trl.parquet, schema in the trl-collect notes) as runs rows.
+
+    - framework: the backend that ran (single/ddp -> trl, fsdp -> trl+fsdp, deepspeed-zN -> trl+deepspeed zero N);
+    - source: "<source>-trl", so TRL rows weigh as one source and form their own model groups;
+    - w_seq_len: the padded length TRL really ran (padded_len_mean over the measured micro-batches; DPOTrainer
+      pads to the longest prompt + completion of each batch, so with length jitter it runs below the nominal
+      prompt + completion, kept as w_seq_len_nominal);
+    - timing gate: collect trl's own (timing_gate_ok), its competing load standing in for other_load_cores;
+    - peak_memory_gib: the live-tensor peak plus DDP's gradient buckets (ddp_bucket_bytes, recorded beside it:
+      allocated in C++ at wrap time, invisible to the tensor scan), i.e. every tensor byte the process held; the
+      scan alone stays as peak_memory_live_gib."""
+    if raw.is_empty():
+        return raw
+    df = raw
+    if "backend" in df.columns:
+        ds = c("backend").fill_null("").str.starts_with("deepspeed")
+        df = df.with_columns(
+            p_framework=pl.when(ds).then(pl.lit("trl+deepspeed")).otherwise(
+                c("backend").replace_strict(TRL_BACKENDS, default="trl", return_dtype=pl.Utf8)),
+            p_zero=pl.when(ds).then(c("backend").str.extract(r"(\d)$").cast(pl.Int64).fill_null(c("p_zero")))
+            .otherwise(c("p_zero")))
+    df = df.with_columns(source=pl.concat_str([c("source"), pl.lit(TRL_SOURCE_SUFFIX)]))
+    if "padded_len_mean" in df.columns:
+        df = df.with_columns(w_seq_len_nominal=c("w_seq_len"),
+                             w_seq_len=pl.coalesce(c("padded_len_mean").cast(pl.Float64).round(0).cast(pl.Int64),
+                                                   c("w_seq_len")))
+    if "competing_load_cores" in df.columns:
+        # collect trl's gate (trl-collect notes): calib_ratio (max of the calibration before and after, over its
+        # baseline) <= 1.12 and competing_load_cores <= 0.3, the load beyond the cores its ranks leave idle (the raw
+        # other_load_cores counts the neighbours on the core a single rank leaves free, always busy here).
+        df = df.with_columns(other_load_raw_cores=c("other_load_cores"), other_load_cores=c("competing_load_cores"),
+                             timing_gate_ok=(c("calib_ratio") <= CALIB_RATIO_MAX)
+                             & (c("competing_load_cores") <= OTHER_LOAD_MAX_CORES))
+    if "ddp_bucket_bytes" in df.columns:
+        df = df.with_columns(peak_memory_live_gib=c("peak_memory_gib"),
+                             peak_memory_gib=c("peak_memory_gib")
+                             + c("ddp_bucket_bytes").fill_null(0).cast(pl.Float64) / float(1 << 30))
+    return df
+
+
+def load_trl(root: Path | str) -> pl.DataFrame:
+    """Every trl*.parquet under root (collect trl writes datasets/ours/<hardware>/trl.parquet), as runs rows."""
+    return trl_rows(read_tables(root, "trl"))
+
+
 def load_runs(root: Path | str) -> pl.DataFrame:
     runs = read_tables(root, "runs")
+    trl = load_trl(root)
+    if trl.height:
+        runs = pl.concat([runs, trl], how="diagonal_relaxed") if runs.height else trl
     if runs.is_empty():
         raise PerfPredictError(f"no runs*.parquet under {str(root)!r}; run `perfpredict collect runs` or import public data")
     missing = [k for k in REQUIRED_FLAT if k not in runs.columns]
@@ -39,6 +93,8 @@ def load_runs(root: Path | str) -> pl.DataFrame:
     return describe(runs).with_columns(
         # Shapes shrunk from one catalog model are one model for held-out evaluation (stricter than per shape).
         model_group=pl.concat_str([c("source"), pl.coalesce(c("shrunk_from"), c("m_name"))], separator=":"),
+        trl_mode=pl.when(c("p_framework").str.starts_with("trl")).then(
+            pl.concat_str([c("w_objective"), c("w_reference")], separator=" ")).otherwise(None),
         cluster_group=pl.concat_str([c("source"), c("m_name"), c("g_name"), c("c_gpus").cast(pl.Utf8),
                                      c("w_seq_len").cast(pl.Utf8), c("w_global_batch").cast(pl.Utf8),
                                      c("w_objective")], separator=":"),
@@ -59,6 +115,8 @@ def time_rows(runs: pl.DataFrame) -> pl.DataFrame:
         ok = ok & ((c("calib_before_s") / c("calib_baseline_s")).fill_null(1.0) <= CALIB_RATIO_MAX)
     if "other_load_cores" in runs.columns:
         ok = ok & (c("other_load_cores").fill_null(0.0) <= OTHER_LOAD_MAX_CORES)
+    if "timing_gate_ok" in runs.columns:  # a source's own gate verdict (collect trl), where it gives one
+        ok = ok & c("timing_gate_ok").fill_null(True)
     return runs.filter(ok)
 
 

@@ -7,6 +7,8 @@ a held-out hardware refits the kernel models without that hardware's probes too)
 - scale: per source, train on single-node runs and test on multi-node ones (a source without multi-node runs:
   train on the smaller GPU counts, test on its largest);
 - hardware: leave one hardware out;
+- trl-shape: leave one TRL model shape out (`perfpredict collect trl` rows, source ours-cpu-trl), trained on every
+  other row; scored per trainer x reference mode (metrics_trl);
 - largest: the test partition. Each source's largest model is held out of every other split and of every
   modelling choice; it is scored once, by models trained on everything else.
 The composition alone and the analytic estimate are scored on the same rows, so the value the learning adds is
@@ -27,8 +29,8 @@ from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows
 from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle
 
 c = pl.col
-SPLITS = ("model", "width", "scale", "hardware", "largest")
-DEV_SPLITS = ("model", "width", "scale", "hardware")
+SPLITS = ("model", "width", "scale", "hardware", "trl-shape", "largest")
+DEV_SPLITS = ("model", "width", "scale", "hardware", "trl-shape")
 
 
 def partition_mask(runs: pl.DataFrame) -> pl.Series:
@@ -58,6 +60,11 @@ def folds(runs: pl.DataFrame, split: str) -> Iterator[tuple[str, np.ndarray]]:
             mask = (test & (runs["source"] == src)).to_numpy()
             if mask.any() and not mask[(runs["source"] == src).to_numpy()].all():
                 yield f"{src}:scale-out", mask
+        return
+    elif split == "trl-shape":
+        trl = runs["p_framework"].str.starts_with("trl").fill_null(False)
+        for g in sorted(runs.filter(trl)["model_group"].unique().to_list()):
+            yield str(g), (trl & (runs["model_group"] == g)).to_numpy()
         return
     elif split == "largest":
         yield "largest-model-per-source", partition_mask(runs).to_numpy()
@@ -151,11 +158,23 @@ def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> 
 
 def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLITS,
              variants: tuple[str, ...] = (DEFAULT_VARIANT.name,), progress: Callable[[str], None] | None = None,
-             subset: int | None = None) -> dict[str, pl.DataFrame]:
+             subset: int | None = None, sources: tuple[str, ...] = ()) -> dict[str, pl.DataFrame]:
     """Every split for every variant. The test partition is removed before the development splits run, and
-    scored only by the `largest` split. Returns the metric table and the predictions."""
+    scored only by the `largest` split. Returns the metric table and the predictions.
+
+    `sources` keeps only those sources' runs, and only the probes of their hardware (a quicker evaluation of one
+    corner, e.g. ours-cpu + ours-cpu-trl; its numbers are of models trained on that subset)."""
     probes = load_probes(data)
     runs = load_runs(data)
+    if sources:
+        unknown = sorted(set(sources) - set(runs["source"].unique().to_list()))
+        if unknown:
+            from perfpredict.core.errors import PerfPredictError
+
+            raise PerfPredictError(f"no runs of source(s) {unknown} under {str(data)!r}; present: "
+                                   f"{', '.join(sorted(runs['source'].unique().to_list()))}")
+        runs = runs.filter(c("source").is_in(list(sources)))
+        probes = probes.filter(c("hardware").is_in(runs["g_name"].unique().to_list()))
     if subset:
         runs = runs.sample(n=min(subset, runs.height), seed=seed, shuffle=False)
     kernels = KernelModel(seed=seed).fit(probes)
@@ -169,7 +188,20 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
             preds.append(held_out(rows, probes, split=split, seed=seed, kernels=kernels, variant=VARIANTS[v],
                                   progress=progress))
     pred = pl.concat([p for p in preds if p.height], how="diagonal_relaxed")
-    return {"metrics": metrics(pred, ("variant", "split", "source")), "predictions": pred}
+    return {"metrics": metrics(pred, ("variant", "split", "source")), "metrics_trl": metrics_trl(pred),
+            "predictions": pred}
+
+
+def metrics_trl(pred: pl.DataFrame) -> pl.DataFrame:
+    """TRL rows per (variant, split, trainer x reference mode), e.g. "dpo live", "dpo precomputed", "simpo none",
+    and all TRL rows of a split together ("all")."""
+    if "trl_mode" not in pred.columns:
+        return pl.DataFrame()
+    trl = pred.filter(c("trl_mode").is_not_null())
+    if not trl.height:
+        return pl.DataFrame()
+    both = pl.concat([trl, trl.with_columns(trl_mode=pl.lit("all"))], how="diagonal_relaxed")
+    return metrics(both, ("variant", "split", "trl_mode"))
 
 
 def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
@@ -206,3 +238,53 @@ def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl.DataFrame:
+    """A quick trl-shape table without the learned layer: the composition with each shape's TRL calibration fitted
+    without that shape (and without the largest, test-partition shape), and the analytic memory and step
+    estimates, per trainer x reference mode. `kernels` default: the shipped predictor's (no TRL row in them)."""
+    from perfpredict.learn.compose import LAUNCH_FLOOR_S, TRL_FOLD_GRID, TRL_MB_GRID, TRL_STEP_GRID, _compose
+    from perfpredict.train.data import load_trl
+
+    if kernels is None:
+        from perfpredict.predictor.predict import load_predictor
+
+        kernels = load_predictor().kernels
+    d = describe_trl(load_trl(data))
+    largest = d["m_params"].max()
+    t = time_rows(d)
+    zero = {"fold_scale": 0.0, "step_s": 0.0, "microbatch_s": 0.0}
+    base = _compose(t, kernels, getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S, zero)
+    b, fold = base["k_step_s"].to_numpy(), base["k_trlfold_unit_s"].to_numpy()
+    ga, y = t["p_grad_accum"].to_numpy().astype(float), t["step_time_s"].to_numpy()
+    shape, params = t["m_name"].to_numpy(), t["m_params"].to_numpy()
+    pred = np.full(len(y), np.nan)
+    grid = [(f, st, mb) for f in TRL_FOLD_GRID for st in TRL_STEP_GRID for mb in TRL_MB_GRID]
+    for s_ in np.unique(shape):
+        te, tr = shape == s_, (shape != s_) & (params != largest)
+        err = [np.median(np.abs(np.log10(y[tr] / (b[tr] + f * fold[tr] + st + mb * ga[tr])))) for f, st, mb in grid]
+        f, st, mb = grid[int(np.argmin(err))]
+        pred[te] = b[te] + f * fold[te] + st + mb * ga[te]
+    t = t.with_columns(_comp=pl.Series(pred))
+    m = memory_rows(d)
+    rows = []
+    for mode in [*sorted(set(d["trl_mode"].to_list())), "all"]:
+        tt = t if mode == "all" else t.filter(c("trl_mode") == mode)
+        mm = m if mode == "all" else m.filter(c("trl_mode") == mode)
+        rows.append({"trl_mode": mode, "time_n": tt.height,
+                     "time_composed_mape": float(_ape(tt["_comp"].to_numpy(), tt["step_time_s"].to_numpy()).mean())
+                     if tt.height else float("nan"),
+                     "time_analytic_mape": float(_ape(tt["d_analytic_step_s"].to_numpy(),
+                                                      tt["step_time_s"].to_numpy()).mean()) if tt.height else float("nan"),
+                     "mem_n": mm.height,
+                     "mem_analytic_mape": float(_ape(mm["d_mem_gib"].to_numpy(), mm["peak_memory_gib"].to_numpy()).mean())
+                     if mm.height else float("nan")})
+    return pl.DataFrame(rows)
+
+
+def describe_trl(raw: pl.DataFrame) -> pl.DataFrame:
+    from perfpredict.features.descriptors import describe
+
+    return describe(raw).filter(c("outcome") == "ok").with_columns(
+        trl_mode=pl.concat_str([c("w_objective"), c("w_reference")], separator=" "))

@@ -13,7 +13,7 @@ from sklearn.model_selection import GroupKFold
 
 from perfpredict.core.dataset import data_hash
 from perfpredict.learn.bundle import Bundle
-from perfpredict.learn.compose import compose, fit_launch_floor
+from perfpredict.learn.compose import compose, fit_launch_floor, fit_trl_calibration
 from perfpredict.learn.kernels import KernelModel
 from perfpredict.learn.plan_model import Correction, Intervals, calibrate_margin
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
@@ -55,11 +55,13 @@ def fit_corrections(composed: pl.DataFrame, *, seed: int = 0, variant: Variant =
 
 
 def with_launch_floor(runs: pl.DataFrame, kernels: KernelModel) -> KernelModel:
-    """A copy of the kernel models carrying the launch floor fitted on these runs' measured steps."""
+    """A copy of the kernel models carrying the launch floor (and TRL's calibration) fitted on these runs' measured
+    steps."""
     k = copy.copy(kernels)
     k.launch_floor_s_ = None
     tr = time_rows(runs)
     k.launch_floor_s_ = fit_launch_floor(tr, k, tr["step_time_s"].to_numpy())
+    k.trl_calibration_ = fit_trl_calibration(tr, k, tr["step_time_s"].to_numpy())
     return k
 
 

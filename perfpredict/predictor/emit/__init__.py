@@ -1,10 +1,13 @@
 """Turn a ranked plan into the files a team needs to run it.
 
-`emit(target, ...)` returns {filename: text} for one of four targets:
+`emit(target, ...)` returns {filename: text} for one of five targets:
 
 - ``deepspeed``: ``ds_config.json`` + ``accelerate_config.yaml`` (+ the TRL trainer args for preference objectives)
 - ``fsdp``: ``accelerate_fsdp.yaml`` (+ the TRL trainer args for preference objectives)
 - ``megatron``: ``megatron_args.txt`` (Megatron-LM arguments, one per line, ``#`` comments)
+- ``trl``: a TRL plan's trainer config (``trl_dpo_args.json`` ...: DPOConfig / CPOConfig / ORPOConfig / KTOConfig
+  fields of TRL 1.16) with its accelerate files: ``accelerate_config.yaml`` (DDP), or the deepspeed / fsdp
+  target's files for trl+deepspeed / trl+fsdp plans
 - ``torchrun``: ``launch.sh`` plus the framework's config files. Megatron plans run under ``torchrun``; DeepSpeed and
   FSDP plans run a TRL (or transformers) script under ``accelerate launch``, which starts torchrun's elastic agent itself.
 
@@ -30,16 +33,18 @@ from perfpredict.predictor.emit.deepspeed import deepspeed_files
 from perfpredict.predictor.emit.fsdp import fsdp_files
 from perfpredict.predictor.emit.megatron import megatron_files
 from perfpredict.predictor.emit.torchrun import torchrun_files
+from perfpredict.predictor.emit.trl import trl_files
 
 __all__ = ["TARGETS", "emit", "fitting_targets", "write_emitted"]
 
-TARGETS = ("deepspeed", "fsdp", "megatron", "torchrun")
+TARGETS = ("deepspeed", "fsdp", "megatron", "trl", "torchrun")
 
 
 _BUILDERS: dict[str, Callable[[Ctx], dict[str, str]]] = {
     "deepspeed": deepspeed_files,
     "fsdp": fsdp_files,
     "megatron": megatron_files,
+    "trl": trl_files,
     "torchrun": torchrun_files,
 }
 
@@ -60,7 +65,8 @@ def emit(target: str, *, model: ModelSpec, cluster: Cluster, workload: Workload,
         fits = fitting_targets(model=model, workload=workload, plan=plan)
         if fits:
             which = f"targets that fit it: {', '.join(fits)}"
-        elif plan.framework in ("deepspeed", "fsdp") and max(plan.tp, plan.pp, plan.cp) > 1:
+        elif plan.framework in ("deepspeed", "fsdp", "trl", "trl+deepspeed", "trl+fsdp") and max(plan.tp, plan.pp,
+                                                                                                 plan.cp) > 1:
             which = "no target fits it; tp/pp/cp > 1 runs under Megatron: choose a megatron plan (targets megatron, torchrun)"
         else:
             which = f"no target fits it (targets: {', '.join(TARGETS)}); choose a plan of another framework"

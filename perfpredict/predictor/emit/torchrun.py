@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import shlex
 
+from perfpredict.core.frameworks import RUNTIME
 from perfpredict.predictor.emit.common import RDZV_PORT, Ctx, comment_block
 from perfpredict.predictor.emit.deepspeed import deepspeed_files
 from perfpredict.predictor.emit.fsdp import fsdp_files
 from perfpredict.predictor.emit.megatron import megatron_files, megatron_tokens, nemo_aligner_overrides
-from perfpredict.predictor.emit.trl import accelerate_launch, trainer, trainer_notes
+from perfpredict.predictor.emit.trl import accelerate_launch, trainer, trainer_notes, trl_files
 
 
 def _shell_word(tok: str) -> str:
@@ -70,8 +71,10 @@ def torchrun_files(ctx: Ctx) -> dict[str, str]:
                              "trainer (NeMo / Megatron-Bridge).")
             cmd.append("$@")
     else:
-        config_file = "accelerate_config.yaml" if p.framework == "deepspeed" else "accelerate_fsdp.yaml"
-        files.update(deepspeed_files(ctx) if p.framework == "deepspeed" else fsdp_files(ctx))
+        runtime = RUNTIME[p.framework]
+        config_file = "accelerate_fsdp.yaml" if runtime == "fsdp" else "accelerate_config.yaml"
+        files.update(deepspeed_files(ctx) if runtime == "deepspeed" else fsdp_files(ctx) if runtime == "fsdp"
+                     else trl_files(ctx))
         if w.objective == "pretrain":
             env.append('TRANSFORMERS_DIR="${TRANSFORMERS_DIR:-$PWD/transformers}"')
         else:

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from perfpredict.predictor.emit.common import RDZV_PORT, Ctx
+from perfpredict.core.frameworks import RUNTIME
+from perfpredict.predictor.emit.common import RDZV_PORT, Ctx, comment_block, yaml_lines
+
+# The trainer configs below carry only fields that exist in TRL 1.16.0's DPOConfig, experimental CPOConfig /
+# ORPOConfig and KTOConfig (tests/test_trl_emit.py loads them in TRL).
+TRL_VERSION = "1.16.0"
 
 _TRL_REF_OFFLOAD_NOTE = [
     "reference 'offloaded': TRL's DPOTrainer has no flag to offload the reference model. Offloading the reference",
@@ -27,6 +32,8 @@ def trainer(ctx: Ctx) -> dict[str, Any]:
     if obj == "orpo":
         return {"script": "$TRL_DIR/trl/experimental/orpo/orpo.py", "config": "trl.experimental.orpo.ORPOConfig",
                 "file": "trl_orpo_args.json"}
+    if obj == "kto":
+        return {"script": "$TRL_DIR/trl/scripts/kto.py", "config": "trl.KTOConfig", "file": "trl_kto_args.json"}
     if obj == "sft":
         return {"script": "$TRL_DIR/trl/scripts/sft.py", "config": "trl.SFTConfig", "file": None}
     return {"script": "$TRANSFORMERS_DIR/examples/pytorch/language-modeling/run_clm.py",
@@ -36,7 +43,7 @@ def trainer(ctx: Ctx) -> dict[str, Any]:
 def _hf_gradient_checkpointing(ctx: Ctx) -> bool:
     # Under FSDP, activation checkpointing is accelerate's fsdp_activation_checkpointing; transformers raises if
     # TrainingArguments.gradient_checkpointing is also true.
-    return ctx.plan.recompute != "none" and ctx.plan.framework != "fsdp"
+    return ctx.plan.recompute != "none" and RUNTIME[ctx.plan.framework] != "fsdp"
 
 
 def _trainer_args(ctx: Ctx) -> dict[str, Any]:
@@ -63,6 +70,10 @@ def _trainer_args(ctx: Ctx) -> dict[str, Any]:
         args["loss_type"] = "sigmoid" if w.objective == "dpo" else "ipo"
         args["beta"] = 0.1
         args["precompute_ref_log_probs"] = w.reference == "precomputed"
+    elif w.objective == "kto":
+        args["loss_type"] = "kto"
+        args["beta"] = 0.1
+        args["precompute_ref_log_probs"] = w.reference == "precomputed"
     elif w.objective == "simpo":
         args["loss_type"] = "simpo"
         args["cpo_alpha"] = 0.0
@@ -82,8 +93,12 @@ def trainer_notes(ctx: Ctx) -> list[str]:
         notes.append(f"per_device_train_batch_size counts pairs: each GPU forwards {2 * ctx.plan.micro_batch} "
                      "sequences (chosen + rejected concatenated).")
     if w.objective in ("dpo", "ipo"):
-        notes.append("max_prompt_length is left out: TRL deprecates it (removal planned for 0.29); filter overlong "
-                     "prompts from the dataset instead, or add it for an older TRL.")
+        notes.append(f"max_prompt_length is left out: TRL {TRL_VERSION}'s DPOConfig has none (max_length truncates "
+                     "prompt + completion); filter overlong prompts from the dataset instead, or add it for an older "
+                     "TRL.")
+        if w.reference == "precomputed":
+            notes.append("precompute_ref_log_probs: do not pass a ref_model; DPOTrainer then builds none and reads "
+                         "the reference log-probs from the dataset (a reference passed anyway stays in memory).")
         if w.objective == "ipo":
             notes.append("loss_type ipo: beta is IPO's tau.")
         if w.reference == "offloaded":
@@ -93,14 +108,17 @@ def trainer_notes(ctx: Ctx) -> list[str]:
                      "CPO-SimPO); tune beta and simpo_gamma for SimPO, whose good values differ from DPO's.")
     if w.objective in ("simpo", "orpo"):
         notes.append("CPO and ORPO live under trl.experimental in current TRL (trl.trainer in older releases).")
-    if ctx.plan.framework == "fsdp" and ctx.plan.recompute == "full":
+    if w.objective == "kto":
+        notes.append("KTO (trl.KTOTrainer) takes unpaired examples: per_device_train_batch_size counts completions; "
+                     "each step also runs a mismatched KL batch of the same size through the policy and reference.")
+    if RUNTIME[ctx.plan.framework] == "fsdp" and ctx.plan.recompute == "full":
         notes.append("recompute full is fsdp_activation_checkpointing in the accelerate config; gradient_checkpointing "
                      "stays false (transformers refuses both at once).")
     return notes
 
 
 def trl_args_file(ctx: Ctx) -> dict[str, str]:
-    if not ctx.pref:
+    if not (ctx.pref or ctx.workload.objective == "kto"):
         return {}
     t = trainer(ctx)
     return {t["file"]: json.dumps(_trainer_args(ctx), indent=2) + "\n"}
@@ -153,3 +171,30 @@ def accelerate_launch(ctx: Ctx, config_file: str) -> list[str]:
     cmd += [t["script"], "--model_name_or_path", ctx.model_id, "--dataset_name", "$DATASET_NAME"]
     cmd += _cli_flags(_trainer_args(ctx))
     return cmd
+
+
+def trl_files(ctx: Ctx) -> dict[str, str]:
+    """The `trl` target: a TRL plan's trainer config and its accelerate files. trl+deepspeed and trl+fsdp plans get
+    the deepspeed / fsdp target's files; plain trl plans an accelerate config for DDP (MULTI_GPU), or one process."""
+    from perfpredict.predictor.emit.deepspeed import deepspeed_files
+    from perfpredict.predictor.emit.fsdp import fsdp_files
+
+    runtime = RUNTIME[ctx.plan.framework]
+    if runtime == "deepspeed":
+        return deepspeed_files(ctx)
+    if runtime == "fsdp":
+        return fsdp_files(ctx)
+    p, w = ctx.plan, ctx.workload
+    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[w.precision]
+    cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False,
+                           "distributed_type": "MULTI_GPU" if ctx.cluster.gpus > 1 else "NO",
+                           "downcast_bf16": "no", "mixed_precision": mixed}
+    cfg.update(accelerate_common(ctx))
+    comments = {"distributed_type": ["DistributedDataParallel over dp: every GPU holds the whole model, gradients "
+                                     "all-reduced (no ZeRO)" if ctx.cluster.gpus > 1 else "one process"],
+                **accelerate_common_comments(ctx)}
+    notes = [f"TRL {TRL_VERSION} on accelerate, " + (f"DDP over dp {p.dp}" if p.dp > 1 else "one process")
+             + f", micro batch {p.micro_batch} x grad accum {p.grad_accum}."]
+    notes += trainer_notes(ctx)
+    text = comment_block(ctx.header + [""] + notes) + "\n".join(yaml_lines(cfg, comments)) + "\n"
+    return {"accelerate_config.yaml": text, **trl_args_file(ctx)}
