@@ -24,6 +24,11 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as click_exc
 
 
+# typer >= 0.29 vendors click without `Abort` (Ctrl-C arrives as KeyboardInterrupt, handled in main); an
+# `except` naming a missing attribute turned every other error into an AttributeError traceback.
+_ABORT = getattr(click_exc, "Abort", ())
+
+
 class OneLineErrors(typer.core.TyperGroup):
     """Option values the parser itself refuses (`--gpus x`, a missing value) end like our own errors: one line,
     exit 2, instead of a usage box; `--help` and a bare command still print help."""
@@ -42,7 +47,7 @@ class OneLineErrors(typer.core.TyperGroup):
             cmd = f" (`{e.ctx.command_path} --help` lists the options)" if getattr(e, "ctx", None) else ""
             err.print(f"error: {e.format_message()}{cmd}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(e.exit_code)
-        except click_exc.Abort:
+        except _ABORT:
             err.print("aborted")
             sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)

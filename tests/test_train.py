@@ -43,7 +43,7 @@ def trained(small_data, tmp_path_factory):
 
 def test_train_writes_xgboost_json_and_metadata(trained):
     meta = json.loads((trained / "metadata.json").read_text())
-    assert meta["model_schema_version"] == 2 and meta["corrections"]["time"]["features"] and meta["data_hash"]["runs"]
+    assert meta["model_schema_version"] == 3 and meta["corrections"]["time"]["features"] and meta["data_hash"]["runs"]
     assert {"xgboost", "polars", "numpy"} <= set(meta["versions"])
     assert not list(trained.glob("*.pkl")) and not list(trained.glob("*.joblib"))
     for name in meta["files"].values():

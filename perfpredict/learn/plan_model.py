@@ -163,8 +163,10 @@ class Correction:
         keep = ~df["p_framework"].is_in(UNCORRECTED).to_numpy()
         df, y = df.filter(pl.Series(keep)), np.asarray(y, dtype=float)[keep]
         weight = None if weight is None else np.asarray(weight, dtype=float)[keep]
-        X = self._X(df)
         self.feature_names_ = self.feature_names(df)
+        if df.height < 2:
+            return self._fit_nothing()
+        X = self._X(df)
         target = np.log10(np.asarray(y, dtype=float) / df[self.baseline].to_numpy())
         mono = TIME_MONOTONE if self.kind == "time" else {}
         constraints = "(" + ",".join(str(mono.get(n, 0)) for n in self.feature_names_) + ")"
@@ -185,6 +187,18 @@ class Correction:
                 continue
             d, _ = tree.query(tree.data, k=min(K_NEIGHBOURS + 1, n))
             self.radius_[key] = max(float(np.quantile(np.atleast_2d(d)[:, 1:].mean(axis=1), 0.95)), 1e-3)
+        return self
+
+    def _fit_nothing(self) -> Correction:
+        """No rows this correction may learn from (e.g. only TRL rows): applicable nowhere, the baseline stands."""
+        self.model_ = None
+        self.domains_ = []
+        self.bounds_ = (0.0, 0.0)
+        n = len(self.feature_names_)
+        self.center_, self.scale_ = np.zeros(n), np.ones(n)
+        self.train_X_ = np.zeros((0, n))
+        self.train_keys_ = np.array([], dtype=object)
+        self._trees, self.radius_ = {}, {}
         return self
 
     def _trees_of(self) -> dict:
@@ -224,6 +238,8 @@ class Correction:
         return w
 
     def predict_log_ratio(self, df: pl.DataFrame) -> np.ndarray:
+        if self.model_ is None:
+            return np.zeros(df.height)
         r = self.model_.predict(self._X(df))
         if self.bound:
             r = np.clip(r, *self.bounds_)
