@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from perfpredict.cli import app
 from perfpredict.core.dataset import read_tables, write_atomic
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.learn.bundle import Bundle
+from perfpredict.learn.bundle import MODEL_SCHEMA_VERSION, Bundle
 from perfpredict.learn.kernels import KernelModel
 from perfpredict.train.data import load_runs
 
@@ -43,7 +43,7 @@ def trained(small_data, tmp_path_factory):
 
 def test_train_writes_xgboost_json_and_metadata(trained):
     meta = json.loads((trained / "metadata.json").read_text())
-    assert meta["model_schema_version"] == 3 and meta["corrections"]["time"]["features"] and meta["data_hash"]["runs"]
+    assert meta["model_schema_version"] == MODEL_SCHEMA_VERSION and meta["corrections"]["time"]["features"] and meta["data_hash"]["runs"]
     assert {"xgboost", "polars", "numpy"} <= set(meta["versions"])
     assert not list(trained.glob("*.pkl")) and not list(trained.glob("*.joblib"))
     for name in meta["files"].values():
@@ -68,7 +68,7 @@ def test_load_refuses_mismatch(trained, tmp_path):
     (bad / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(PerfPredictError, match="retrain"):
         Bundle.load(bad)
-    meta["model_schema_version"] = 2
+    meta["model_schema_version"] = MODEL_SCHEMA_VERSION
     meta["versions"]["xgboost"] = "0.9"
     (bad / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(PerfPredictError, match="xgboost 0.9"):

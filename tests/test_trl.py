@@ -210,10 +210,13 @@ def test_trl_calibration_defaults_without_trl_steps_and_only_moves_trl_rows():
                    _row("dpo", "live", cluster=Cluster(gpu=get_gpu("h100-sxm-80gb"), gpus_per_node=1, nodes=1),
                         precision="bf16")])
     assert fit_trl_calibration(d, kernels, np.ones(d.height)) == TRL_CALIBRATION
-    base = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
-    kernels.trl_calibration_ = {"fold_scale": 1.0, "step_s": 0.5, "microbatch_s": 0.0}
+    orig = kernels.trl_calibration_
+    cal = dict(orig or TRL_CALIBRATION)  # the shipped bundle's fitted calibration, or the defaults
     try:
+        kernels.trl_calibration_ = cal
+        base = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
+        kernels.trl_calibration_ = {**cal, "step_s": cal["step_s"] + 0.5}
         moved = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
     finally:
-        kernels.trl_calibration_ = None
+        kernels.trl_calibration_ = orig
     assert moved[0] == pytest.approx(base[0] + 0.5) and moved[1] == base[1] and moved[2] == base[2]

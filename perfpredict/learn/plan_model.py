@@ -346,11 +346,22 @@ def calibrate_margin(pred_gib: np.ndarray, capacity_gib: np.ndarray, fits: np.nd
 CORRECTION_OPTIONS = ("kind", "seed", "domain", "shrink", "bound", "absolute")
 
 
+def _run_lengths(keys: list[str]) -> list[list]:
+    """[[key, count], ...] in row order: the training rows' domains, compact in metadata.json."""
+    out: list[list] = []
+    for k in keys:
+        if out and out[-1][0] == k:
+            out[-1][1] += 1
+        else:
+            out.append([k, 1])
+    return out
+
+
 def correction_meta(r: Correction) -> dict:
     """Everything but the booster and the training matrix (saved beside it), JSON-ready."""
     return {**{k: getattr(r, k) for k in CORRECTION_OPTIONS}, "features": r.feature_names_, "domains": r.domains_,
             "bounds_log10": list(r.bounds_), "center": r.center_.tolist(), "scale": r.scale_.tolist(),
-            "radius": r.radius_, "train_keys": r.train_keys_.tolist()}
+            "radius": r.radius_, "train_keys": _run_lengths(r.train_keys_.tolist())}
 
 
 def correction_from_meta(meta: dict, model: GBRegressor, train_X: np.ndarray) -> Correction:
@@ -363,6 +374,6 @@ def correction_from_meta(meta: dict, model: GBRegressor, train_X: np.ndarray) ->
     r.scale_ = np.asarray(meta["scale"], dtype=float)
     r.radius_ = {k: float(v) for k, v in meta["radius"].items()}
     r.train_X_ = np.asarray(train_X, dtype=float)
-    r.train_keys_ = np.array(meta["train_keys"], dtype=object)
+    r.train_keys_ = np.array([k for k, n in meta["train_keys"] for _ in range(n)], dtype=object)
     r._trees = None
     return r
