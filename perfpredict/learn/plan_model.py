@@ -23,12 +23,12 @@ from perfpredict.learn.gb import GBRegressor
 
 c = pl.col
 FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")
-# TRL's trainers (features.trl) form their own family: a correction learned on them never reaches other plans, and
-# one learned elsewhere never reaches theirs.
-# Frameworks the corrections are not learned on nor applied to (their domain stays unseen, weight 0): the
-# composition with TRL's own terms and the analytic TRL memory model. On TRL runs held out by shape (validation
-# folds, trl-shape) the correction made both worse: step time 19.3 % vs 16.2 % composed, peak memory 4.2 % vs 3.0 %.
+# Frameworks the corrections are neither learned on nor applied to (their domain stays unseen, weight 0): TRL's
+# prediction is the composition with TRL's own terms and the analytic TRL memory model. On TRL runs held out by
+# shape (validation folds, trl-shape) the correction made both worse: step time 19.3 % vs 16.2 % composed, peak
+# memory 4.2 % vs 3.0 %.
 UNCORRECTED = ("trl", "trl+deepspeed", "trl+fsdp")
+# TRL's trainers (features.trl) form their own family, so their intervals are their own.
 FAMILY = {"megatron": "3d", "nanotron": "3d", "deepspeed": "zero", "fsdp": "zero", "trl": "trl", "trl+deepspeed": "trl",
           "trl+fsdp": "trl"}
 RECOMPUTE_CODES = {"none": 0.0, "selective": 1.0, "full": 2.0}
@@ -118,8 +118,8 @@ class Correction:
     baseline * 10^(w * clip(f(x))). scikit-learn contract: fit returns self, learned attributes end in `_`.
 
     domain: "framework" gates on (framework family, hardware, single or multi node) seen in training (time: trainers
-    built alike share one family, megatron/nanotron and deepspeed/fsdp); "device" on the device class (memory: a correction
-    learned on one class did not carry to the other)."""
+    built alike share one family, megatron/nanotron and deepspeed/fsdp); "device" on the device class (memory: a
+    correction learned on one class did not carry to the other)."""
 
     def __init__(self, *, kind: str, seed: int = 0, params: dict | None = None, domain: str = "framework",
                  shrink: bool = True, bound: bool = True, absolute: bool = False):
@@ -202,8 +202,8 @@ class Correction:
         return self
 
     def _trees_of(self) -> dict:
-        """One tree per domain: a row's neighbours are training rows of its own framework family and hardware
-        (time) or device class (memory). Neighbours from another domain, whose ratios are another trainer's or
+        """One tree per domain: a row's neighbours are training rows of its own framework family, hardware and
+        single/multi node (time) or device class (memory). Neighbours from another domain, whose ratios are another trainer's or
         machine's, said nothing about whether this domain's correction carries (global neighbours let vTrain's
         multi-node rows vouch for the playbook's)."""
         if getattr(self, "_trees", None) is None:
