@@ -14,6 +14,7 @@ import polars as pl
 
 from perfpredict.features.compute import forward_passes
 from perfpredict.features.descriptors import describe
+from perfpredict.features.trl import is_trl
 from perfpredict.learn.hardware_frame import hardware_table
 from perfpredict.learn.kernels import KernelModel, family_of
 
@@ -295,7 +296,7 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
 def fit_trl_calibration(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray) -> dict[str, float]:
     """TRL_CALIBRATION's three numbers that best explain measured TRL steps on CPU (median |log ratio|, over a
     grid); the defaults without at least 10 such steps."""
-    trl = (desc["p_framework"].str.starts_with("trl") & (desc["g_name"] == "cpu")).fill_null(False).to_numpy()
+    trl = desc.select((is_trl() & (c("g_name") == "cpu")).fill_null(False)).to_series().to_numpy()
     if trl.sum() < 10:
         return dict(TRL_CALIBRATION)
     sub = desc.filter(pl.Series(trl))
@@ -353,7 +354,7 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
         k_zero3_s=_exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), c("p_pp") / c("m_layers").cast(pl.Float64)),
         **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
     ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
-    trl_cpu = c("p_framework").str.starts_with("trl") & (c("g_name") == "cpu")
+    trl_cpu = is_trl() & (c("g_name") == "cpu")
     out = out.with_columns(
         k_trlfold_unit_s=c("k_trlfold_raw_s"),
         k_trl_s=c("k_trlfold_raw_s") * cal["fold_scale"] + pl.when(trl_cpu).then(

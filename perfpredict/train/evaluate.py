@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 from scipy.stats import spearmanr
 
+from perfpredict.features.trl import is_trl
 from perfpredict.learn.compose import compose
 from perfpredict.learn.kernels import KernelModel
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
@@ -62,7 +63,7 @@ def folds(runs: pl.DataFrame, split: str) -> Iterator[tuple[str, np.ndarray]]:
                 yield f"{src}:scale-out", mask
         return
     elif split == "trl-shape":
-        trl = runs["p_framework"].str.starts_with("trl").fill_null(False)
+        trl = runs.select(is_trl().fill_null(False)).to_series()
         for g in sorted(runs.filter(trl)["model_group"].unique().to_list()):
             yield str(g), (trl & (runs["model_group"] == g)).to_numpy()
         return

@@ -99,6 +99,11 @@ def _out_of_fold(composed: pl.DataFrame, *, seed: int, variant: Variant, folds: 
     return {key: np.concatenate(v) for key, v in out.items()}
 
 
+def _uncomposed(df: pl.DataFrame) -> pl.DataFrame:
+    """Described runs without any earlier composition's k_/kc_ columns (compose adds them afresh)."""
+    return df.drop([x for x in df.columns if x.startswith(("k_", "kc_"))])
+
+
 def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, kernels: KernelModel, *,
                               seed: int = 0) -> np.ndarray:
     """log10(measured / composed) on each measured hardware, composed by kernel models refitted without that
@@ -108,8 +113,7 @@ def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, kernels:
     for hw in sorted(set(tr["g_name"].unique().to_list()) & set(probes["hardware"].unique().to_list())):
         k = KernelModel(seed=seed).fit(probes.filter(c("hardware") != hw))
         k.launch_floor_s_ = kernels.launch_floor_s_
-        sub = tr.filter(c("g_name") == hw)
-        composed = compose(sub.drop([x for x in sub.columns if x.startswith(("k_", "kc_"))]), k)
+        composed = compose(_uncomposed(tr.filter(c("g_name") == hw)), k)
         out.append(np.log10(composed["step_time_s"].to_numpy() / composed["k_step_s"].to_numpy()))
     return np.concatenate(out) if out else np.zeros(0)
 
@@ -122,7 +126,7 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
     leaving each measured hardware's probes out. Returns the bundle and the composed runs with out-of-fold
     predictions."""
     k = with_launch_floor(runs, kernels)
-    composed = compose(runs.drop([x for x in runs.columns if x.startswith(("k_", "kc_"))]), k)
+    composed = compose(_uncomposed(runs), k)
     time, mem = fit_corrections(composed, seed=seed, variant=variant)
     oof = _out_of_fold(composed, seed=seed, variant=variant, folds=folds)
     composed = composed.with_columns(**{f"oof_{key}": pl.Series(v[: composed.height]) for key, v in oof.items()})
