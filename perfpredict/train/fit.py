@@ -107,12 +107,15 @@ def _uncomposed(df: pl.DataFrame) -> pl.DataFrame:
 def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, kernels: KernelModel, *,
                               seed: int = 0) -> np.ndarray:
     """log10(measured / composed) on each measured hardware, composed by kernel models refitted without that
-    hardware's probes (the launch floor kept): what the composition does on a hardware it has never seen."""
+    hardware's probes (the launch floor and TRL calibration kept): what the composition does on a hardware it has never seen."""
     out = []
     tr = time_rows(runs)
     for hw in sorted(set(tr["g_name"].unique().to_list()) & set(probes["hardware"].unique().to_list())):
         k = KernelModel(seed=seed).fit(probes.filter(c("hardware") != hw))
+        # The fitted terms travel with the refit (TRL rows on a CPU held out were composed without their own
+        # calibration, unlike every prediction).
         k.launch_floor_s_ = kernels.launch_floor_s_
+        k.trl_calibration_ = getattr(kernels, "trl_calibration_", None)
         composed = compose(_uncomposed(tr.filter(c("g_name") == hw)), k)
         out.append(np.log10(composed["step_time_s"].to_numpy() / composed["k_step_s"].to_numpy()))
     return np.concatenate(out) if out else np.zeros(0)
