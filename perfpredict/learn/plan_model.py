@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 from scipy.spatial import cKDTree
 
+from perfpredict.core.frameworks import TRL_FRAMEWORKS
 from perfpredict.learn.gb import GBRegressor
 
 c = pl.col
@@ -27,10 +28,9 @@ FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")
 # prediction is the composition with TRL's own terms and the analytic TRL memory model. On TRL runs held out by
 # shape (validation folds, trl-shape) the correction made both worse: step time 19.3 % vs 16.2 % composed, peak
 # memory 4.2 % vs 3.0 %.
-UNCORRECTED = ("trl", "trl+deepspeed", "trl+fsdp")
+UNCORRECTED = TRL_FRAMEWORKS
 # TRL's trainers (features.trl) form their own family, so their intervals are their own.
-FAMILY = {"megatron": "3d", "nanotron": "3d", "deepspeed": "zero", "fsdp": "zero", "trl": "trl", "trl+deepspeed": "trl",
-          "trl+fsdp": "trl"}
+FAMILY = {"megatron": "3d", "nanotron": "3d", "deepspeed": "zero", "fsdp": "zero", **dict.fromkeys(TRL_FRAMEWORKS, "trl")}
 RECOMPUTE_CODES = {"none": 0.0, "selective": 1.0, "full": 2.0}
 # Per-step reference cost: none = precomputed (its forward ran before training) < live < offloaded (streamed in).
 REFERENCE_CODES = {"none": 0.0, "precomputed": 0.0, "live": 1.0, "offloaded": 2.0}
