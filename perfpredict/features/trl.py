@@ -67,12 +67,15 @@ VOCAB_TILE = 32768  # trl/trainer/utils.py:1506 _CHUNKED_LOGPROB_CHUNK_SIZE
 # (fp32 accumulators, :405-411).
 CPU_FOLD_FWD_BYTES = 13.0
 CPU_FOLD_BWD_BYTES = 29.0
-# The full-logits trainers, counted the same way on CPU over CPOTrainer.get_batch_logps (+ ORPO's chosen-half
-# nn.CrossEntropyLoss) and their backward: 4 + 7 bytes per logit of the 2B rows (the fp32 logits, their gradient
-# and selective_log_softmax's per-row logsumexp path), and 12 more per logit of the chosen half for ORPO's NLL (the
-# `.contiguous()` copy, the log-softmax kept for the backward and its gradient).
+# The full-logits trainers, counted the same way on CPU over CPOTrainer.get_batch_logps and its backward: 4 + 7 bytes
+# per logit of the 2B rows (the fp32 logits, their gradient and selective_log_softmax's per-row logsumexp path).
+# ORPO's chosen-half nn.CrossEntropyLoss keeps its log-softmax output (the logits' dtype) for the backward: one more
+# logit-sized tensor per chosen-half logit at the peak. Replayed through a real LlamaForCausalLM forward and backward
+# (orpo_trainer.py:777-807 against the same step without the NLL, shapes t1-2k/t2-8k/t4-32k/t5-16k, with and without
+# checkpointing) the peak grows by 3.9-4.1 bytes per chosen-half fp32 logit: the `.contiguous()` copy is gone before
+# the backward and the NLL's own backward transients fall after the peak (in isolation, without the layers' backward,
+# they add 4 more: 8, which is what the earlier 12 over-counted).
 FULL_EXTRA_BYTES = 7.0
-NLL_EXTRA_BYTES = 12.0
 # transformers 5.24 LlamaDecoderLayer under autograd (saved tensors counted with torch.autograd.graph
 # .saved_tensors_hooks on the installed modeling_llama.py / sdpa_attention.py): each RMSNorm keeps its input, the
 # normalised product and the Linear's flattened input (3 x s b h per norm: 12 bytes per s b h in features.memory's
@@ -186,7 +189,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     cast_copy = pl.when(fp32).then(0.0).otherwise(2.0)
     grads = (4.0 + cast_copy) * (n_tok + v) * h
     fused_bwd = grads + mm_buf + fold_bwd
-    full_bwd = grads + n_tok * v * (ab + FULL_EXTRA_BYTES + _rule("nll_share", 0.0) * NLL_EXTRA_BYTES)
+    full_bwd = grads + n_tok * v * (ab + FULL_EXTRA_BYTES + _rule("nll_share", 0.0) * ab)
     head_bwd = pl.when(fused).then(fused_bwd).otherwise(full_bwd)
     # (a) the no-grad forwards: one layer's activations of the reference/KL batch and its head tiles.
     live = c("w_reference").is_in(["live"])
