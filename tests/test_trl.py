@@ -201,7 +201,7 @@ def test_emit_trl_ddp_accelerate_config():
 
 
 def test_trl_calibration_defaults_without_trl_steps_and_only_moves_trl_rows():
-    """Fewer than 10 measured TRL steps: the defaults; the host terms never touch a non-TRL or GPU row."""
+    """Fewer than 10 measured TRL steps: the defaults; the fitted efficiencies never touch a non-TRL or GPU row."""
     from perfpredict.learn.compose import TRL_CALIBRATION, compose, fit_trl_calibration
     from perfpredict.predictor.predict import load_predictor
 
@@ -211,12 +211,16 @@ def test_trl_calibration_defaults_without_trl_steps_and_only_moves_trl_rows():
                         precision="bf16")])
     assert fit_trl_calibration(d, kernels, np.ones(d.height)) == TRL_CALIBRATION
     orig = kernels.trl_calibration_
-    cal = dict(orig or TRL_CALIBRATION)  # the shipped bundle's fitted calibration, or the defaults
+    cal = {**TRL_CALIBRATION, **(orig or {})}  # the shipped bundle's fitted calibration over the defaults
     try:
         kernels.trl_calibration_ = cal
         base = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
-        kernels.trl_calibration_ = {**cal, "step_s": cal["step_s"] + 0.5}
-        moved = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
+        kernels.trl_calibration_ = {**cal, "gemm_scale": cal["gemm_scale"] * 2.0}
+        out = compose(d, kernels, canonical=False)
+        moved = out["k_step_s"].to_numpy()
     finally:
         kernels.trl_calibration_ = orig
-    assert moved[0] == pytest.approx(base[0] + 0.5) and moved[1] == base[1] and moved[2] == base[2]
+    # Doubling the GEMM efficiency scale adds the TRL row's scaled GEMM time once more, and nothing elsewhere.
+    gemm = out["k_gemm_s"].to_numpy()
+    assert moved[0] == pytest.approx(base[0] + cal["gemm_scale"] * gemm[0])
+    assert moved[0] > base[0] and moved[1] == base[1] and moved[2] == base[2]

@@ -45,14 +45,16 @@ BWD_SHARE = {"bwd_input": 1.0, "bwd_weight": 1.0, "fwd_bwd": 2.5 / 3.5}
 # trainers issue kernels one by one, and small kernels leave the GPU waiting on the host.
 LAUNCH_FLOOR_S = {"gpu": 2e-5, "cpu": 3e-5}
 LAUNCH_GRID_S = (5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5, 8e-5, 1.2e-4)
-# TRL on CPU (features.trl): the scale of the fused head's torch fold (in its cross-entropy fwd+bwd units) and the
-# trainer's own host time per optimizer step and per micro-batch (HF Trainer + TRL: collation, metrics gathers
-# and .item() syncs, the per-tensor AdamW and clipping loops). Fitted on measured TRL steps like the launch floor
-# (fit_trl_calibration); these defaults hold until then. GPU rows get none of the host terms (not measured there).
-TRL_CALIBRATION = {"fold_scale": 1.0, "step_s": 0.0, "microbatch_s": 0.0}
-TRL_FOLD_GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
-TRL_STEP_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
-TRL_MB_GRID = (0.0, 0.01, 0.02, 0.05, 0.1)
+# TRL on CPU (features.trl): per-family efficiencies of the trainer's own model code against our kernel probes, and
+# the scale of the fused head's torch fold (in its cross-entropy fwd+bwd units). TRL runs transformers'
+# LlamaForCausalLM, not our harness's model: its SDPA gets a 4-D float mask and K/V repeated to every head
+# (repeat_kv), its norms and rotary run as several eager ops. Fitted on measured TRL steps like the launch floor
+# (fit_trl_calibration: bounded scales, one per kernel family, so each stays a physical efficiency and a step
+# still moves with its own GEMM, attention and elementwise work); these defaults hold until then. GPU rows get
+# none of them (TRL was not measured there).
+TRL_CALIBRATION = {"fold_scale": 1.0, "gemm_scale": 1.0, "attention_scale": 1.0, "membound_scale": 1.0}
+TRL_SCALE_BOUNDS = (0.25, 8.0)
+TRL_FAMILIES = ("gemm", "attention", "membound")
 
 
 def _i(e: pl.Expr) -> pl.Expr:
@@ -294,24 +296,24 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
 
 
 def fit_trl_calibration(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray) -> dict[str, float]:
-    """TRL_CALIBRATION's three numbers that best explain measured TRL steps on CPU (median |log ratio|, over a
-    grid); the defaults without at least 10 such steps."""
+    """TRL_CALIBRATION's scales that best explain measured TRL steps on CPU: bounded least squares on relative
+    error (each step weighted by 1/measured), the defaults without at least 10 such steps."""
+    from scipy.optimize import lsq_linear
+
     trl = desc.select((is_trl() & (c("g_name") == "cpu")).fill_null(False)).to_series().to_numpy()
     if trl.sum() < 10:
         return dict(TRL_CALIBRATION)
     sub = desc.filter(pl.Series(trl))
-    zero = {"fold_scale": 0.0, "step_s": 0.0, "microbatch_s": 0.0}
-    base = _compose(sub, kernels, getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S, zero)
-    b, fold = base["k_step_s"].to_numpy(), base["k_trlfold_unit_s"].to_numpy()
-    ga, y = sub["p_grad_accum"].to_numpy().astype(float), y_s[trl]
-    best = None
-    for f in TRL_FOLD_GRID:
-        for st in TRL_STEP_GRID:
-            for mb in TRL_MB_GRID:
-                err = float(np.median(np.abs(np.log10(y / (b + f * fold + st + mb * ga)))))
-                if best is None or err < best[0]:
-                    best = (err, {"fold_scale": f, "step_s": st, "microbatch_s": mb})
-    return best[1]
+    ident = {**TRL_CALIBRATION, "fold_scale": 0.0}
+    base = _compose(sub, kernels, getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S, ident)
+    fam = np.column_stack([base[f"k_{f}_s"].to_numpy() for f in TRL_FAMILIES] + [base["k_trlfold_unit_s"].to_numpy()])
+    y = y_s[trl]
+    rest = base["k_step_s"].to_numpy() - fam[:, :3].sum(axis=1)  # launch, optimizer, host: kept as composed
+    w = 1.0 / y
+    lo, hi = TRL_SCALE_BOUNDS
+    x = lsq_linear(fam * w[:, None], (y - rest) * w, bounds=(lo, hi)).x
+    return {"gemm_scale": float(x[0]), "attention_scale": float(x[1]), "membound_scale": float(x[2]),
+            "fold_scale": float(x[3])}
 
 
 def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
@@ -330,7 +332,10 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
     ).otherwise(0.0) * c("kt") * c("count"))
     parts = (q.group_by("row", "part").agg(s=(c("kt") * c("count")).sum())
              .pivot(on="part", index="row", values="s"))
-    bwd = q.group_by("row").agg(k_bwd_s=c("bwd").sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum())
+    bwd = q.group_by("row").agg(
+        k_bwd_s=c("bwd").sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum(),
+        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(c("kt") * c("count")).otherwise(0.0).sum()
+           for f in TRL_FAMILIES})
     for p in (*PARTS, "dpgather", "trlfold"):
         if p not in parts.columns:
             parts = parts.with_columns(pl.lit(0.0).alias(p))
@@ -338,7 +343,7 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
     out = (desc.with_row_index("row").join(parts, on="row", how="left").join(bwd, on="row", how="left")
            .drop("row"))
     out = out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather", "trlfold")]
-                           + [c("k_bwd_s").fill_null(0.0)])
+                           + [c(k).fill_null(0.0) for k in ("k_bwd_s", *(f"k_{f}_s" for f in TRL_FAMILIES))])
     n_untimed = (c("p_grad_accum") * c("d_layers_max")
                  * (UNTIMED_FWD_PER_LAYER * forward_passes() + UNTIMED_BWD_PER_LAYER))
     overlap = c("d_runtime").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
@@ -355,10 +360,11 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
         **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
     ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
     trl_cpu = is_trl() & (c("g_name") == "cpu")
+    extra = sum((cal[f"{f}_scale"] - 1.0) * c(f"k_{f}_s") for f in TRL_FAMILIES)
     out = out.with_columns(
         k_trlfold_unit_s=c("k_trlfold_raw_s"),
-        k_trl_s=c("k_trlfold_raw_s") * cal["fold_scale"] + pl.when(trl_cpu).then(
-            cal["step_s"] + cal["microbatch_s"] * c("p_grad_accum").cast(pl.Float64)).otherwise(0.0),
+        k_trl_s=c("k_trlfold_raw_s") * cal["fold_scale"],
+        k_compute_s=c("k_compute_s") + pl.when(trl_cpu).then(extra).otherwise(0.0),
     ).drop("k_trlfold_raw_s")
     stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_ep_s") + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(

@@ -245,7 +245,7 @@ def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl
     """A quick trl-shape table without the learned layer: the composition with each shape's TRL calibration fitted
     without that shape (and without the largest, test-partition shape), and the analytic memory and step
     estimates, per trainer x reference mode. `kernels` default: the shipped predictor's (no TRL row in them)."""
-    from perfpredict.learn.compose import LAUNCH_FLOOR_S, TRL_FOLD_GRID, TRL_MB_GRID, TRL_STEP_GRID, _compose
+    from perfpredict.learn.compose import compose, fit_trl_calibration
     from perfpredict.train.data import load_trl
 
     if kernels is None:
@@ -255,18 +255,16 @@ def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl
     d = describe_trl(load_trl(data))
     largest = d["m_params"].max()
     t = time_rows(d)
-    zero = {"fold_scale": 0.0, "step_s": 0.0, "microbatch_s": 0.0}
-    base = _compose(t, kernels, getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S, zero)
-    b, fold = base["k_step_s"].to_numpy(), base["k_trlfold_unit_s"].to_numpy()
-    ga, y = t["p_grad_accum"].to_numpy().astype(float), t["step_time_s"].to_numpy()
-    shape, params = t["m_name"].to_numpy(), t["m_params"].to_numpy()
+    y, shape, params = t["step_time_s"].to_numpy(), t["m_name"].to_numpy(), t["m_params"].to_numpy()
     pred = np.full(len(y), np.nan)
-    grid = [(f, st, mb) for f in TRL_FOLD_GRID for st in TRL_STEP_GRID for mb in TRL_MB_GRID]
-    for s_ in np.unique(shape):
-        te, tr = shape == s_, (shape != s_) & (params != largest)
-        err = [np.median(np.abs(np.log10(y[tr] / (b[tr] + f * fold[tr] + st + mb * ga[tr])))) for f, st, mb in grid]
-        f, st, mb = grid[int(np.argmin(err))]
-        pred[te] = b[te] + f * fold[te] + st + mb * ga[te]
+    orig = getattr(kernels, "trl_calibration_", None)
+    try:
+        for s_ in np.unique(shape):
+            te, tr = shape == s_, (shape != s_) & (params != largest)
+            kernels.trl_calibration_ = fit_trl_calibration(t.filter(pl.Series(tr)), kernels, y[tr])
+            pred[te] = compose(t.filter(pl.Series(te)), kernels, canonical=False)["k_step_s"].to_numpy()
+    finally:
+        kernels.trl_calibration_ = orig
     t = t.with_columns(_comp=pl.Series(pred))
     m = memory_rows(d)
     rows = []
