@@ -55,7 +55,7 @@ class Bundle:
         """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, fits."""
         wt = self.time.weight(df)
         t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df))
-        tlo, thi = self.time_intervals.bounds(self.time.domain_keys(df), wt, self.unseen_hardware(df))
+        tlo, thi = self.time_intervals.bounds(self.time.interval_keys(df), wt, self.unseen_hardware(df))
         wm = self.memory.weight(df)
         analytic = df["d_mem_gib"].to_numpy()
         mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df))

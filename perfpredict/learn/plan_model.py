@@ -159,6 +159,17 @@ class Correction:
         return [self._domain_key(f, g, m) for f, g, m in zip(df["p_framework"].to_list(), df["g_name"].to_list(),
                                                                multi, strict=True)]
 
+    def interval_keys(self, df: pl.DataFrame) -> list[str]:
+        """The domain key, refined for step-time intervals where the pipeline crosses nodes: there the published
+        nanotron runs split into two regimes (17 % of the playbook's 1B runs and 39 % of its 8B runs stall by
+        1.1-1.8 s per micro-batch; 0-8 % without a cross-node pipeline below 64 nodes) that no configuration
+        column separates, so those rows get their own, wider spread instead of widening everyone's."""
+        keys = self.domain_keys(df)
+        if self.kind != "time" or not {"d_pp_cross_node", "p_pp"} <= set(df.columns):
+            return keys
+        ppx = (df["d_pp_cross_node"].fill_null(False) & (df["p_pp"] > 1)).to_list()
+        return [f"{k}{PPX_SUFFIX}" if x else k for k, x in zip(keys, ppx, strict=True)]
+
     def fit(self, df: pl.DataFrame, y: np.ndarray, weight: np.ndarray | None = None) -> Correction:
         keep = ~df["p_framework"].is_in(UNCORRECTED).to_numpy()
         df, y = df.filter(pl.Series(keep)), np.asarray(y, dtype=float)[keep]
@@ -264,18 +275,50 @@ def conformal_quantiles(log_residuals: np.ndarray, coverage: float = 0.9) -> tup
     return float(lo), float(hi)
 
 
+PPX_SUFFIX = "|pp-cross-node"
+APPLICABLE = 0.5  # out-of-fold weight from which a residual says how good the correction is where it applies
+MIN_INTERVAL_ROWS = 20  # fewer residuals than this in a key: its bounds come from the next coarser level
+
+
+def _base_key(key: str) -> str:
+    return key.split("|", 1)[0]
+
+
 class Intervals:
-    """Split-conformal bounds per domain key (in-domain, from out-of-fold residuals of the corrected prediction)
-    and one pair for outside every domain (the baseline's own residuals over all training rows), blended by the
-    applicability weight."""
+    """Split-conformal bounds on log10(measured / predicted), blended by the applicability weight between
+
+    - inside: out-of-fold residuals of the corrected prediction where the correction was applicable in its fold
+      (out-of-fold weight >= APPLICABLE), per interval key (Correction.interval_keys), else per domain;
+    - outside: the composition's own residuals per interval key, else per domain, else over every training row
+      (a domain never measured).
+
+    A key with too few applicable out-of-fold rows has no evidence of how good the correction is there: it takes
+    the composition's spread of its key. Outside bounds are at least as wide as inside ones."""
 
     def fit(self, keys: list[str], oof_log_residuals: np.ndarray, baseline_log_residuals: np.ndarray,
-            *, coverage: float = 0.9) -> Intervals:
+            *, oof_weight: np.ndarray | None = None, coverage: float = 0.9) -> Intervals:
         keys_a = np.array(keys, dtype=object)
-        self.inside_ = {k: conformal_quantiles(oof_log_residuals[keys_a == k], coverage) for k in sorted(set(keys))}
-        self.pooled_ = conformal_quantiles(oof_log_residuals, coverage)
-        self.outside_ = conformal_quantiles(baseline_log_residuals, coverage)
-        # Outside the data, the interval is at least as wide as the in-domain one.
+        base_a = np.array([_base_key(k) for k in keys], dtype=object)
+        oof = np.asarray(oof_log_residuals, dtype=float)
+        comp = np.asarray(baseline_log_residuals, dtype=float)
+        applicable = (np.ones(len(oof), dtype=bool) if oof_weight is None
+                      else np.nan_to_num(np.asarray(oof_weight, dtype=float)) >= APPLICABLE)
+
+        def per(groups: np.ndarray, r: np.ndarray, mask: np.ndarray) -> dict[str, tuple[float, float]]:
+            out = {}
+            for g in sorted(set(groups[mask].tolist())):
+                sel = mask & (groups == g) & np.isfinite(r)
+                if sel.sum() >= MIN_INTERVAL_ROWS:
+                    out[g] = conformal_quantiles(r[sel], coverage)
+            return out
+
+        everywhere = np.ones(len(oof), dtype=bool)
+        self.inside_ = per(keys_a, oof, applicable)
+        self.domain_ = per(base_a, oof, applicable)
+        self.outside_keys_ = per(keys_a, comp, everywhere)
+        self.outside_domain_ = per(base_a, comp, everywhere)
+        self.pooled_ = conformal_quantiles(oof[applicable], coverage)
+        self.outside_ = conformal_quantiles(comp, coverage)
         self.outside_ = (min(self.outside_[0], self.pooled_[0]), max(self.outside_[1], self.pooled_[1]))
         self.unseen_ = self.outside_
         return self
@@ -290,25 +333,44 @@ class Intervals:
             self.unseen_ = (min(lo, self.outside_[0]), max(hi, self.outside_[1]))
         return self
 
+    def _pair(self, key: str) -> tuple[tuple[float, float], tuple[float, float]]:
+        base = _base_key(key)
+        out = (getattr(self, "outside_keys_", {}).get(key) or getattr(self, "outside_domain_", {}).get(base)
+               or self.outside_)
+        inside = self.inside_.get(key) or getattr(self, "domain_", {}).get(base) or out
+        return inside, (min(out[0], inside[0]), max(out[1], inside[1]))
+
     def bounds(self, keys: list[str], weight: np.ndarray, unseen: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-        lo_in = np.array([self.inside_.get(k, self.pooled_)[0] for k in keys])
-        hi_in = np.array([self.inside_.get(k, self.pooled_)[1] for k in keys])
-        lo = weight * lo_in + (1.0 - weight) * self.outside_[0]
-        hi = weight * hi_in + (1.0 - weight) * self.outside_[1]
+        pairs = [self._pair(k) for k in keys]
+        lo_in, hi_in = np.array([p[0][0] for p in pairs]), np.array([p[0][1] for p in pairs])
+        lo_out, hi_out = np.array([p[1][0] for p in pairs]), np.array([p[1][1] for p in pairs])
+        lo = weight * lo_in + (1.0 - weight) * lo_out
+        hi = weight * hi_in + (1.0 - weight) * hi_out
         if unseen is not None and unseen.any():
             lo = np.where(unseen, np.minimum(lo, self.unseen_[0]), lo)
             hi = np.where(unseen, np.maximum(hi, self.unseen_[1]), hi)
         return lo, hi
 
     def to_dict(self) -> dict:
-        return {"inside": {k: list(v) for k, v in self.inside_.items()}, "pooled": list(self.pooled_),
-                "outside": list(self.outside_), "unseen_hardware": list(self.unseen_)}
+        def pairs(d: dict) -> dict:
+            return {k: list(v) for k, v in d.items()}
+
+        return {"inside": pairs(self.inside_), "domain": pairs(getattr(self, "domain_", {})),
+                "outside_keys": pairs(getattr(self, "outside_keys_", {})),
+                "outside_domain": pairs(getattr(self, "outside_domain_", {})),
+                "pooled": list(self.pooled_), "outside": list(self.outside_), "unseen_hardware": list(self.unseen_)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Intervals:
+        def pairs(x: dict | None) -> dict:
+            return {k: tuple(v) for k, v in (x or {}).items()}
+
         i = cls()
-        i.inside_ = {k: tuple(v) for k, v in d["inside"].items()}
+        i.inside_ = pairs(d["inside"])
+        i.domain_ = pairs(d.get("domain"))
+        i.outside_keys_ = pairs(d.get("outside_keys"))
+        i.outside_domain_ = pairs(d.get("outside_domain"))
         i.pooled_ = tuple(d["pooled"])
         i.outside_ = tuple(d["outside"])
         i.unseen_ = tuple(d.get("unseen_hardware", d["outside"]))

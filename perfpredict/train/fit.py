@@ -138,10 +138,12 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
         **{f"oof_{key}": pl.Series(v) for key, v in oof.items()})
     tr = time_rows(stacked).filter(c("oof_pred_time_s").is_not_nan())
     mr = memory_rows(stacked).filter(c("oof_pred_mem_gib").is_not_nan())
-    t_iv = Intervals().fit(time.domain_keys(tr), np.log10(tr["step_time_s"] / tr["oof_pred_time_s"]).to_numpy(),
-                           np.log10(tr["step_time_s"] / tr["k_step_s"]).to_numpy())
+    t_iv = Intervals().fit(time.interval_keys(tr), np.log10(tr["step_time_s"] / tr["oof_pred_time_s"]).to_numpy(),
+                           np.log10(tr["step_time_s"] / tr["k_step_s"]).to_numpy(),
+                           oof_weight=tr["oof_time_weight"].to_numpy())
     m_iv = Intervals().fit(mem.domain_keys(mr), np.log10(mr["peak_memory_gib"] / mr["oof_pred_mem_gib"]).to_numpy(),
-                           np.log10(mr["peak_memory_gib"] / mr["d_mem_gib"]).to_numpy())
+                           np.log10(mr["peak_memory_gib"] / mr["d_mem_gib"]).to_numpy(),
+                           oof_weight=mr["oof_mem_weight"].to_numpy())
     if probes is not None:
         t_iv.fit_unseen_hardware(unseen_hardware_residuals(runs, probes, k, seed=seed))
     orows = oom_rows(stacked).filter(c("oof_pred_mem_gib").is_not_nan())
