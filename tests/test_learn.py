@@ -92,3 +92,25 @@ def test_never_probed_hardware_gets_its_own_wider_interval():
     lo, hi = iv.bounds(["a", "a"], np.array([1.0, 1.0]), np.array([False, True]))
     assert hi[1] - lo[1] > 3 * (hi[0] - lo[0])
     assert Intervals.from_dict(iv.to_dict()).unseen_ == iv.unseen_
+
+
+def test_intervals_use_applicable_residuals_inside_and_at_least_the_keys_own_composition_spread_outside():
+    """Inside bounds come from residuals where the correction applied in its fold; a key without enough of them,
+    and every key at weight 0, gets the wider of the composition's spread in that key and over every row; a
+    refined key never seen falls back to its domain."""
+    rng = np.random.default_rng(5)
+    keys = ["a"] * 300 + ["b"] * 300 + ["b|pp-cross-node"] * 300
+    oof = np.concatenate([rng.normal(0, 0.02, 300), rng.normal(0, 0.5, 300), rng.normal(0, 0.5, 300)])
+    comp = np.concatenate([rng.normal(0, 0.1, 300), rng.normal(0, 0.3, 300), rng.normal(0.6, 0.4, 300)])
+    w = np.concatenate([np.ones(300), np.zeros(600)])  # the correction only ever applied in "a"
+    iv = Intervals().fit(keys, oof, comp, oof_weight=w)
+    lo, hi = iv.bounds(["a", "a", "b", "b|pp-cross-node", "c|pp-cross-node", "b|other"], np.array([1.0, 0, 1, 1, 1, 1]))
+    width = hi - lo
+    assert width[0] < 0.15 < width[1]  # applicable: the corrected spread; weight 0: the composition's in "a"
+    assert lo[2] == pytest.approx(min(iv.outside_keys_["b"][0], iv.outside_[0]))  # no applicable residual in "b"
+    assert hi[3] > hi[2] + 0.1  # the cross-node pipeline key has its own (shifted, wider) spread
+    assert (lo[4], hi[4]) == pytest.approx(iv.outside_)  # a domain never measured: the pooled composition
+    dom = iv.outside_domain_["b"]
+    assert (lo[5], hi[5]) == pytest.approx((min(dom[0], iv.outside_[0]), max(dom[1], iv.outside_[1])))  # its domain
+    back = Intervals.from_dict(iv.to_dict())
+    assert np.allclose(back.bounds(["b|pp-cross-node"], np.ones(1))[1], hi[3])
