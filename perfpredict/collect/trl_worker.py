@@ -111,7 +111,9 @@ def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str, shared_dir:
     dist_type = str(trainer.accelerator.distributed_type).split(".")[-1]
     if cfg.backend == "fsdp" and dist_type != "FSDP":  # enable_fsdp_on_cpu did not take: never record DDP as FSDP
         raise RuntimeError(f"FSDP requested but accelerate runs the model as {dist_type} on this machine")
-    params = sum(p.numel() for p in model.parameters())
+    # ZeRO-3 partitions in place (a parameter's numel drops to 0, ds_numel keeps the full count): TRL's precompute
+    # engine (kto_trainer.py:1249-1251) does it at construction.
+    params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     out = trainer.train()
     res: dict[str, Any] = {
@@ -166,7 +168,8 @@ def attempt(cfg: TrlConfig, *, warmup: int, steps: int, key: str = "", err_dir: 
         _barrier()  # every rank is done with the shared dataset folder
         if rank0:
             shutil.rmtree(shared, ignore_errors=True)
-    if mine["outcome"] != "ok" and dist.is_initialized() and err_dir:
+    # (one DeepSpeed process initialises torch.distributed itself, world 1: nobody to wait for, go on)
+    if mine["outcome"] != "ok" and dist.is_initialized() and dist.get_world_size() > 1 and err_dir:
         _fail_fast(key, mine, err_dir)
     gc.collect()
     _barrier()
