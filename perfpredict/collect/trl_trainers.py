@@ -139,3 +139,19 @@ def forwards_of(batch: dict[str, Any]) -> list[tuple[int, int, int, int]]:
         scored = int(comp.sum()) if comp is not None else 0
         out.append((ids.shape[0], ids.shape[1], real, scored))
     return out
+
+
+def release(trainer: Any) -> None:
+    """Drop what a finished trainer's DeepSpeed engines keep alive, as accelerate advises between two trainings
+    (Accelerator.free_memory: DeepSpeedEngine.destroy(), then its lists of prepared objects). Without it a DeepSpeed
+    run's fp32 partitions and Adam states stay reachable and count in the next run's memory."""
+    acc = getattr(trainer, "accelerator", None)
+    for eng in (getattr(trainer, "ref_model", None), getattr(trainer, "_precompute_engine", None)):
+        if eng is not None and hasattr(eng, "destroy"):
+            eng.destroy()
+    if acc is not None:
+        acc.free_memory()
+    for name in ("model", "model_wrapped", "deepspeed", "optimizer", "lr_scheduler", "ref_model",
+                 "_precompute_engine"):
+        if hasattr(trainer, name):
+            setattr(trainer, name, None)
