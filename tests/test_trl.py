@@ -224,3 +224,37 @@ def test_trl_calibration_defaults_without_trl_steps_and_only_moves_trl_rows():
     gemm = out["k_gemm_s"].to_numpy()
     assert moved[0] == pytest.approx(base[0] + cal["gemm_scale"] * gemm[0])
     assert moved[0] > base[0] and moved[1] == base[1] and moved[2] == base[2]
+
+
+def test_deepspeed_fp32_states_follow_zero_partitions():
+    """trl+deepspeed in fp32 (deepspeed 0.19.8 runtime/zero): ZeRO-1/2 keep the fp32 weights (4), an fp32 master
+    partition cloned from them (stage_1_and_2.py:560-561, 4/d) and Adam's m and v on it (8/d); ZeRO-3 shards the
+    weights and keeps a persistent gradient partition (stage3.py:791, 4/d); ZeRO-0 is the torch optimizer on the
+    parameters (no master). Measured by collect trl on this CPU: 16 B/param at step begin at ZeRO-1/2 world 1,
+    14 = 4 + 12/2 at world 2 with a live reference's 4, 20 at ZeRO-3 world 1. Exact (tolerance 1e-12)."""
+    rows = [_row("simpo", "none", framework="trl+deepspeed", zero=z, dp=d) for z in (0, 1, 2, 3) for d in (1, 2)]
+    got = {(r["p_zero"], r["p_dp"]): r for r in _describe(rows).iter_rows(named=True)}
+    for (z, d), r in got.items():
+        master_and_adam = 8.0 if z == 0 else 12.0 / d
+        assert r["d_optim_bpp"] == pytest.approx(master_and_adam, rel=1e-12)
+        assert r["d_weight_bpp"] == pytest.approx(4.0 / d if z == 3 else 4.0, rel=1e-12)
+    assert got[(3, 2)]["d_grad_bpp"] == pytest.approx(2.0, rel=1e-12)  # the persistent fp32 gradient partition
+
+
+def test_deepspeed_zero12_step_gradients_and_zero0_freed_gradients():
+    """ZeRO-1/2: grads_in_partition (4/d) plus the step's flattened copy (4/d) (stage_1_and_2.py:2189-2194,
+    3114-3117) when the activations are small; ZeRO-0 (ga 1) frees autograd's gradients every step, so its peak
+    holds max(gradients, activations + head) like DDP's. Tolerance 1e-9."""
+    tiny = dict(mb=1, seq=16, recompute="full")  # activations and head far below 8 B/param
+    for z in (1, 2):
+        for d in (1, 2):
+            r = _describe([_row("simpo", "none", framework="trl+deepspeed", zero=z, dp=d, **tiny)]).row(0, named=True)
+            extra = r["d_grad_bpp"] * r["d_params_rank"] + r["d_act_first"] + r["d_head_bwd_bytes"]
+            assert extra == pytest.approx(8.0 / d * r["d_params_rank"], rel=1e-9)
+    z0 = _describe([_row("simpo", "none", framework="trl+deepspeed", zero=0, **tiny)]).row(0, named=True)
+    ddp = _describe([_row("simpo", "none", framework="trl", zero=0, **tiny)]).row(0, named=True)
+    assert z0["d_grad_bpp"] == pytest.approx(ddp["d_grad_bpp"], rel=1e-9) and z0["d_grad_bpp"] < 4.0
+    # More memory per rank never comes from more ranks (ZeRO shards only ever shrink with dp).
+    big = [_row("dpo", "live", framework="trl+deepspeed", zero=z, dp=d, mb=4) for z in (1, 2, 3) for d in (1, 2)]
+    mem = {(r["p_zero"], r["p_dp"]): r["d_mem_gib"] for r in _describe(big).iter_rows(named=True)}
+    assert all(mem[(z, 2)] <= mem[(z, 1)] for z in (1, 2, 3))
