@@ -239,6 +239,8 @@ def test_deepspeed_fp32_states_follow_zero_partitions():
         assert r["d_optim_bpp"] == pytest.approx(master_and_adam, rel=1e-12)
         assert r["d_weight_bpp"] == pytest.approx(4.0 / d if z == 3 else 4.0, rel=1e-12)
     assert got[(3, 2)]["d_grad_bpp"] == pytest.approx(2.0, rel=1e-12)  # the persistent fp32 gradient partition
+    # ZeRO-3 over one rank gathers nothing (partition_parameters.py:1559-1560); over two, a layer ahead + the layer.
+    assert got[(3, 1)]["d_gathered_bytes"] == 0.0 and got[(3, 2)]["d_gathered_bytes"] > 0.0
 
 
 def test_deepspeed_zero12_step_gradients_and_zero0_freed_gradients():

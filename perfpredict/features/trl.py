@@ -211,7 +211,11 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     # FSDP gathers parameters in their own dtype (fp32 without mixed precision), not always 16-bit.
     layer = c("m_layer_params").cast(pl.Float64) * w_b
     emb = v * h * w_b
+    # DeepSpeed ZeRO-3 over one rank gathers nothing: a partition of world size 1 is the parameter itself
+    # (deepspeed 0.19.8 runtime/zero/partition_parameters.py:1559-1560 `_no_gather_coalesced`).
+    ds_alone = (c("d_runtime") == "deepspeed") & (c("p_dp") * c("p_cp") == 1)
     gathered = (pl.when((c("d_runtime") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
+                .when(ds_alone).then(0.0)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
     # Gradients: the HF Trainer frees them after every optimizer step (optimizer.zero_grad(), set_to_none), so with
     # one micro-batch per step they are allocated during the backward as the activations are freed: the peak holds
