@@ -222,27 +222,34 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     # max(gradients, activations + the head's backward) on top of weights and optimizer state, not both. DeepSpeed
     # keeps its own gradient buffers (left as features.memory has them); with accumulation the gradients of the
     # earlier micro-batches are alive through the later ones.
-    # DeepSpeed ZeRO-0 hands the torch optimizer the parameters: autograd's .grad tensors, freed by the engine's
-    # zero_grad after every step (the measured live tensors at a step's begin hold none), as DDP's.
-    ds = c("d_runtime") == "deepspeed"
-    fresh = trl & (c("p_grad_accum") == 1) & (c("d_runtime").is_in(["ddp", "fsdp"]) | (ds & (c("p_zero") == 0)))
+    fresh = trl & (c("p_grad_accum") == 1) & c("d_runtime").is_in(["ddp", "fsdp"])
     params = c("d_params_rank").clip(lower_bound=1.0)
     grad_eff = (c("d_grad_bpp") - (act_first + head_bwd) / params).clip(lower_bound=0.0)
-    # ZeRO-1/2 (fp32; deepspeed 0.19.8 runtime/zero/stage_1_and_2.py): each gradient goes through the reduce bucket
-    # (hidden^2 elements with "auto", :1414-1466) into `grads_in_partition`, one partition-sized buffer allocated at
-    # the first reduction of the step (:2189-2194) and alive until the step; the step flattens the partition's
-    # gradients into a second partition-sized tensor (:3114-3117 flatten(averaged_gradients)) before the Adam update.
-    # The head's backward (the first op of the backward) runs before any gradient reaches a bucket. So the step's
-    # transient is the largest of: activations + the head's backward; 4/d per parameter + the activations (the
-    # layers' backward); 8/d (the optimizer step, activations freed). Measured: the step adds 8.0 B/param at world 1
-    # with small activations, whatever the head's transient.
-    zero12 = trl & ds & c("p_zero").is_in([1, 2]) & fp32
-    part = 4.0 / c("p_dp").cast(pl.Float64)
+    # DeepSpeed ZeRO 0-2 in fp32 (deepspeed 0.19.8; gradient bytes per parameter, d = data-parallel ranks). The
+    # head's backward (the first op of the backward) runs before any gradient reaches a bucket; the step's transient
+    # is the largest of three moments:
+    # - the head's backward: activations + head, on top of what earlier micro-batches left (ga > 1: ZeRO-0/1 keep the
+    #   full .grad until the boundary, :2294 stage 1 reduces only there; ZeRO-2 reduces into its partition at once);
+    # - the layers' backward, activations being freed: ZeRO-0 autograd's .grad (4); ZeRO-1/2 each bucket (hidden^2
+    #   elements with "auto", stage_1_and_2.py:1414-1466) lands in `grads_in_partition`, one partition-sized buffer
+    #   (:2189-2194, 4/d), and ZeRO-1 keeps the other partitions' .grad until the step (:2270-2272: it copies only its
+    #   own; :3102 frees the rest): 4 (1 - 1/d) more;
+    # - the boundary / step, activations freed: ZeRO-0 flattens every gradient into one all-reduce bucket (engine.py
+    #   :3095 buffered_allreduce_fallback with 5e8 elements per bucket, :3796 `self.flatten(bucket)`): 4 + 4;
+    #   ZeRO-1/2 flatten the partition's gradients into a second partition-sized tensor (:3114-3117): 4/d + 4/d.
+    # Measured: the step adds 8.0 B/param at world 1 with small activations, at every stage 0-2.
+    ds = c("d_runtime") == "deepspeed"
+    zero = c("p_zero")
+    ds_grads = trl & ds & zero.is_in([0, 1, 2]) & fp32
+    part = pl.when(zero == 0).then(4.0).otherwise(4.0 / c("p_dp").cast(pl.Float64))
+    others = pl.when(zero == 1).then(4.0 - part).otherwise(0.0)
+    held = pl.when(c("p_grad_accum") > 1).then(pl.when(zero == 2).then(part).otherwise(4.0)).otherwise(0.0)
     act_p, head_p = act_first / params, head_bwd / params
-    grad_z12 = (pl.max_horizontal(2.0 * part, act_p + head_p, part + act_p) - act_p - head_p).clip(lower_bound=0.0)
+    grad_ds = (pl.max_horizontal(2.0 * part, held + act_p + head_p, others + part + act_p) - act_p - head_p).clip(
+        lower_bound=0.0)
     return df.with_columns(
         d_act_first=pl.when(trl).then(act_first).otherwise(c("d_act_first")),
-        d_grad_bpp=pl.when(fresh).then(grad_eff).when(zero12).then(grad_z12).otherwise(c("d_grad_bpp")),
+        d_grad_bpp=pl.when(fresh).then(grad_eff).when(ds_grads).then(grad_ds).otherwise(c("d_grad_bpp")),
         d_gathered_bytes=pl.when(trl).then(gathered).otherwise(c("d_gathered_bytes")),
         d_head_bwd_bytes=pl.when(trl).then(head_bwd).otherwise(None),
         d_logits_bytes=pl.when(trl).then(head_bwd).otherwise(c("d_logits_bytes")),
