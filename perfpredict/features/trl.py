@@ -87,6 +87,9 @@ HF_REPLICATED_COEF = 12.0
 CPU_FOLD_POLICY_CE = 4.5
 CPU_FOLD_NOGRAD_CE = 1.0
 HF_FINAL_SBH = 3.0
+# Parameters DeepSpeed ZeRO-3 keeps gathered between a layer's forward and backward with stage3_max_reuse_distance
+# 1e9 (half of it: the distance counts the layers after it twice, forward and backward; see trl_memory).
+DS_REUSE_KEPT = 5e8
 
 
 @dataclass(frozen=True)
@@ -213,9 +216,16 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     emb = v * h * w_b
     # DeepSpeed ZeRO-3 over one rank gathers nothing: a partition of world size 1 is the parameter itself
     # (deepspeed 0.19.8 runtime/zero/partition_parameters.py:1559-1560 `_no_gather_coalesced`).
+    # Over more ranks, with the stage3_max_reuse_distance of 1e9 the emitted config (and HF's examples) set, a gathered
+    # parameter is released only when no module within 1e9 elements ahead in the step's trace uses it again
+    # (partitioned_param_coordinator.py:653-662): a layer gathered in the forward is reused in the backward
+    # 2 (L - i) layers later, so the last ~5e8 parameters' worth of layers (all of a model below that) stay gathered
+    # from their forward to their backward, the peak being the head's backward.
     ds_alone = (c("d_runtime") == "deepspeed") & (c("p_dp") * c("p_cp") == 1)
+    ds_kept = (c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)
     gathered = (pl.when((c("d_runtime") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
                 .when(ds_alone).then(0.0)
+                .when(ds_kept).then(pl.min_horizontal(c("d_params_rank"), pl.lit(DS_REUSE_KEPT)) * w_b)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
     # Gradients: the HF Trainer frees them after every optimizer step (optimizer.zero_grad(), set_to_none), so with
     # one micro-batch per step they are allocated during the backward as the activations are freed: the peak holds
