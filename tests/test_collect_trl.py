@@ -33,7 +33,9 @@ def test_grid_is_balanced_valid_and_deterministic():
     assert any(c.grad_accum == 4 for c in g) and any(c.per_device_batch >= 4 for c in g)
 
 
-@pytest.mark.parametrize("kw", [dict(trainer="cpo", reference="live"), dict(backend="deepspeed"),
+@pytest.mark.parametrize("kw", [dict(trainer="cpo", reference="live"), dict(backend="tpu"),
+                                dict(backend="deepspeed", zero_stage=4), dict(backend="deepspeed", ds_world=3),
+                                dict(zero_stage=2), dict(backend="ddp", ds_world=2),
                                 dict(shape="llama-70b"), dict(per_device_batch=0),
                                 dict(trainer="kto", loss_type="kto", per_device_batch=1), dict(len_jitter=1.0)])
 def test_bad_config_is_a_domain_error(kw):
@@ -158,3 +160,100 @@ def test_long_sequence_supplement_keeps_its_floor():
     assert g and all(c.seq_len >= 512 for c in g)
     with pytest.raises(PerfPredictError):
         sample_grid(5, min_seq=300)
+
+
+DS = TrlConfig(**(TINY.to_dict() | {"backend": "deepspeed", "zero_stage": 2}))
+
+
+def test_keys_of_configs_before_deepspeed_are_unchanged():
+    """zero_stage / ds_world stay out of every other backend's key: rows collected before they existed resume.
+    Reference: the key of TINY computed by the collector before the DeepSpeed backend (main at a7639eb)."""
+    assert "zero_stage" not in TINY.to_dict() and "ds_world" not in TINY.to_dict()
+    assert TINY.key(warmup=1, steps=4, hardware="cpu-x") == "70b332c62f7af998"
+    assert DS.to_dict()["zero_stage"] == 2 and DS.world == 1
+    keys = {TrlConfig(**(DS.to_dict() | kw)).key(warmup=1, steps=4, hardware="cpu-x")
+            for kw in ({}, {"zero_stage": 3}, {"ds_world": 2})}
+    assert len(keys) == 3
+    assert TrlConfig(**(DS.to_dict() | {"ds_world": 2})).world == 2
+
+
+def test_deepspeed_grid_rotates_stages_and_worlds_and_leaves_other_backends_alone():
+    g = sample_grid(60, seed=2, backends=("deepspeed",), max_step_s=0.8, zero_stages=(0, 1, 2, 3), ds_worlds=(1, 2))
+    assert {c.zero_stage for c in g} == {0, 1, 2, 3} and {c.ds_world for c in g} == {1, 2}
+    assert {c.trainer for c in g} == {"dpo", "cpo", "orpo", "kto"}
+    assert sample_grid(40, seed=2, backends=("single", "ddp")) == [
+        c for c in sample_grid(40, seed=2, backends=("single", "ddp"), zero_stages=(3,))]
+    mixed = sample_grid(40, seed=2, backends=("single", "deepspeed"))
+    assert all(c.zero_stage == 0 and c.ds_world == 1 for c in mixed if c.backend != "deepspeed")
+    assert {c.zero_stage for c in mixed if c.backend == "deepspeed"} <= {1, 2, 3}
+    with pytest.raises(PerfPredictError):
+        sample_grid(4, backends=("deepspeed",), zero_stages=(5,))
+
+
+def test_deepspeed_configs_launch_one_at_a_time():
+    """A DeepSpeed launch measures one config: the engines of earlier configs stay alive in the process (measured:
+    +16 B/param of live tensors per earlier config)."""
+    g = sample_grid(24, seed=1, backends=("single", "deepspeed"), zero_stages=(1, 2), ds_worlds=(1, 2))
+    out = chunks(g, 4)
+    assert sum(len(cs) for _, cs in out) == len(g)
+    for group, cs in out:
+        assert {c.launch_group for c in cs} == {group}
+        if group.startswith("deepspeed"):
+            assert len(cs) == 1 and group == f"deepspeed-z{cs[0].zero_stage}-w{cs[0].ds_world}"
+
+
+def test_deepspeed_trainer_args_launch_and_row_columns(tmp_path):
+    pytest.importorskip("torch")
+    from perfpredict.collect.trl_collect import _env, worker_command
+    from perfpredict.collect.trl_schema import trl_row
+    from perfpredict.collect.trl_trainers import common_args, deepspeed_config
+    from perfpredict.train.data import trl_rows
+
+    args = common_args(DS, steps=3, out_dir=str(tmp_path))
+    zero = args["deepspeed"]["zero_optimization"]
+    assert zero["stage"] == 2 and zero["reduce_bucket_size"] == "auto" and args["use_cpu"] and not args["bf16"]
+    assert "fsdp" not in args and "deepspeed" not in common_args(TINY, steps=3, out_dir=str(tmp_path))
+    assert deepspeed_config(0)["zero_optimization"] == {"stage": 0}
+    assert deepspeed_config(3)["zero_optimization"]["stage3_param_persistence_threshold"] == "auto"
+    assert "--use_deepspeed" in worker_command(2, tmp_path / "job.json", deepspeed=True)
+    assert "--multi_gpu" in worker_command(2, tmp_path / "job.json")
+    env = _env(deepspeed=True, world=1)
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["WORLD_SIZE"] == "1" and int(env["MASTER_PORT"]) > 0
+    prov = {"source": "ours-cpu", "hardware": "cpu", "hardware_fingerprint": "{}", "software": "{}",
+            "collected_at": "2026-12-01T00:00:00+00:00", "command": "test", "license": "Apache-2.0",
+            "schema_version": 1}
+    res = _fake_result(DS)
+    res["ranks"][0]["distributed_type"] = "DEEPSPEED"
+    row = trl_row(DS, res, key="k", warmup=1, steps=3, provenance=prov, cores=2)
+    assert row["p_zero"] == 2 and row["p_framework"] == "trl+deepspeed" and row["backend"] == "deepspeed"
+    assert row["world_size"] == 1 and row["ddp_bucket_bytes"] == 0 and "deepspeed" in json.loads(row["software"])
+    assert "deepspeed" not in json.loads(trl_row(TINY, _fake_result(TINY), key="k", warmup=1, steps=3,
+                                                 provenance=prov, cores=2)["software"])
+    norm = trl_rows(pl.DataFrame([row]).with_columns(source=pl.lit("ours-cpu")))
+    assert norm["p_framework"].to_list() == ["trl+deepspeed"] and norm["p_zero"].to_list() == [2]
+
+
+def test_deepspeed_backend_without_deepspeed_is_one_line(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        pytest.skip("deepspeed is installed here")
+    from perfpredict.cli import app
+
+    r = CliRunner().invoke(app, ["collect", "trl", "--out", str(tmp_path), "--backends", "deepspeed"])
+    assert r.exit_code == 2 and "deepspeed package" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.slow
+def test_one_tiny_deepspeed_config_runs_for_real(tmp_path):
+    pytest.importorskip("trl")
+    pytest.importorskip("deepspeed")
+    from perfpredict.collect.trl_collect import collect_trl
+
+    path = collect_trl(n=1, out_dir=tmp_path, configs=[DS], warmup=1, steps=2, max_retries=0, timeout_s=180,
+                       log=lambda s: None)
+    r = pl.read_parquet(path).row(0, named=True)
+    assert r["outcome"] == "ok", r["error"]
+    assert r["distributed_type"] == "DEEPSPEED" and r["p_zero"] == 2
+    # ZeRO-2 fp32 at world 1 (stage_1_and_2.py): weights 4 + fp32 partition 4 + Adam 8, + the live reference's 4.
+    assert r["base_memory_gib"] * 2**30 >= 20 * r["params_measured"]

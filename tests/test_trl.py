@@ -224,3 +224,44 @@ def test_trl_calibration_defaults_without_trl_steps_and_only_moves_trl_rows():
     gemm = out["k_gemm_s"].to_numpy()
     assert moved[0] == pytest.approx(base[0] + cal["gemm_scale"] * gemm[0])
     assert moved[0] > base[0] and moved[1] == base[1] and moved[2] == base[2]
+
+
+def test_deepspeed_fp32_states_follow_zero_partitions():
+    """trl+deepspeed in fp32 (deepspeed 0.19.8 runtime/zero): ZeRO-1/2 keep the fp32 weights (4), an fp32 master
+    partition cloned from them (stage_1_and_2.py:560-561, 4/d) and Adam's m and v on it (8/d); ZeRO-3 shards the
+    weights and keeps a persistent gradient partition (stage3.py:791, 4/d); ZeRO-0 is the torch optimizer on the
+    parameters (no master). Measured by collect trl on this CPU: 16 B/param at step begin at ZeRO-1/2 world 1,
+    14 = 4 + 12/2 at world 2 with a live reference's 4, 20 at ZeRO-3 world 1. Exact (tolerance 1e-12)."""
+    rows = [_row("simpo", "none", framework="trl+deepspeed", zero=z, dp=d) for z in (0, 1, 2, 3) for d in (1, 2)]
+    got = {(r["p_zero"], r["p_dp"]): r for r in _describe(rows).iter_rows(named=True)}
+    for (z, d), r in got.items():
+        master_and_adam = 8.0 if z == 0 else 12.0 / d
+        assert r["d_optim_bpp"] == pytest.approx(master_and_adam, rel=1e-12)
+        assert r["d_weight_bpp"] == pytest.approx(4.0 / d if z == 3 else 4.0, rel=1e-12)
+    assert got[(3, 2)]["d_grad_bpp"] == pytest.approx(2.0, rel=1e-12)  # the persistent fp32 gradient partition
+    # ZeRO-3 over one rank gathers nothing (partition_parameters.py:1559-1560); over two, with the 1e9 reuse distance
+    # of the emitted config, a model this small stays gathered from its forward to its backward
+    # (partitioned_param_coordinator.py:653-662): all its fp32 weights.
+    assert got[(3, 1)]["d_gathered_bytes"] == 0.0
+    assert got[(3, 2)]["d_gathered_bytes"] == pytest.approx(4.0 * got[(3, 2)]["d_params_rank"], rel=1e-12)
+
+
+def test_deepspeed_step_gradient_buffers_when_activations_are_small():
+    """ZeRO-0: autograd's .grad (4) plus the one all-reduce bucket they are flattened into at the boundary (engine.py
+    :3095, :3796); ZeRO-1/2: grads_in_partition (4/d) plus the step's flattened copy (4/d) (stage_1_and_2.py
+    :2189-2194, :3114-3117). Measured: +8.0 B/param at world 1 with small activations. Tolerance 1e-9."""
+    tiny = dict(mb=1, seq=16, recompute="full")  # activations and head far below 8 B/param
+    for z in (0, 1, 2):
+        for d in (1, 2):
+            r = _describe([_row("simpo", "none", framework="trl+deepspeed", zero=z, dp=d, **tiny)]).row(0, named=True)
+            act_head = r["d_act_first"] + r["d_head_bwd_bytes"]
+            extra = r["d_grad_bpp"] * r["d_params_rank"] + act_head
+            grads = (8.0 if z == 0 else 8.0 / d) * r["d_params_rank"]
+            # ZeRO-1 keeps the other partitions' .grad through the backward (stage_1_and_2.py:2270-2272): 4 per
+            # parameter in all with its own partition's buffer, while the last activations are still alive.
+            layers = 4.0 * r["d_params_rank"] + r["d_act_first"] if z == 1 else 0.0
+            assert extra == pytest.approx(max(grads, act_head, layers), rel=1e-9) and act_head < grads
+    # More memory per rank never comes from more ranks (ZeRO shards only ever shrink with dp).
+    big = [_row("dpo", "live", framework="trl+deepspeed", zero=z, dp=d, mb=4) for z in (1, 2, 3) for d in (1, 2)]
+    mem = {(r["p_zero"], r["p_dp"]): r["d_mem_gib"] for r in _describe(big).iter_rows(named=True)}
+    assert all(mem[(z, 2)] <= mem[(z, 1)] for z in (1, 2, 3))

@@ -2,7 +2,7 @@
 
     perfpredict collect probes [--quick] [--out DIR]
     perfpredict collect runs [--plans N] [--models M ...] [--out DIR] [--timeout S] [--seed N]
-    perfpredict collect trl [--configs N] [--backends single,ddp] [--shapes S ...] [--out DIR] [--seed N]
+    perfpredict collect trl [--configs N] [--backends single,ddp,fsdp,deepspeed] [--zero-stages 1,2,3] [--shapes S ...] [--out DIR] [--seed N]
 
 Bad input raises PerfPredictError (one line; the top-level CLI prints it)."""
 
@@ -101,7 +101,11 @@ def generate(groups: int = typer.Option(14, "--groups", help="Groups to measure;
 @app.command()
 def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TRL configurations (same seed "
                                     "resumes: configs already in trl.parquet are skipped)."),
-        backends: str = typer.Option("single,ddp", "--backends", help="Comma-separated: single, ddp, fsdp."),
+        backends: str = typer.Option("single,ddp", "--backends", help="Comma-separated: single, ddp, fsdp, "
+                                     "deepspeed (needs the deepspeed package)."),
+        zero_stages: str = typer.Option("1,2,3", "--zero-stages", help="DeepSpeed ZeRO stages to rotate over "
+                                        "(comma-separated, 0-3)."),
+        ds_worlds: str = typer.Option("1", "--ds-worlds", help="DeepSpeed world sizes to rotate over (1, 2)."),
         shapes: list[str] | None = typer.Option(None, "--shapes", help="Model shapes (repeatable); default all."),
         out: Path | None = typer.Option(None, "--out", help="Folder for trl.parquet "
                                         "(default datasets/ours/<hardware hash>)."),
@@ -130,12 +134,25 @@ def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TR
     if not chosen or bad:
         raise PerfPredictError(f"--backends: unknown {', '.join(bad) or '(none given)'}; accepted: "
                                f"{', '.join(BACKENDS)}")
+    try:
+        stages = tuple(int(z) for z in zero_stages.split(",") if z.strip())
+        worlds = tuple(int(w) for w in ds_worlds.split(",") if w.strip())
+    except ValueError:
+        raise PerfPredictError(f"--zero-stages / --ds-worlds take comma-separated integers, got {zero_stages!r} / "
+                               f"{ds_worlds!r}") from None
+    if "deepspeed" in chosen:
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise PerfPredictError("--backends deepspeed needs the deepspeed package in this Python (e.g. a venv "
+                                   "with --system-site-packages and `pip install deepspeed`)")
     if configs < 1 or timeout <= 0 or chunk < 1 or max_step_s <= 0 or retry_above <= 0:
         raise PerfPredictError("--configs, --chunk must be >= 1 and --timeout, --max-step-s, --retry-above positive")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     path = collect_trl(n=configs, out_dir=out, seed=seed, backends=chosen, shapes=tuple(shapes) if shapes else None,
                        warmup=warmup, steps=steps, max_retries=retries, timeout_s=timeout, chunk=chunk,
-                       max_step_s=max_step_s, retry_above=retry_above, min_seq=min_seq, command=_command(), log=lambda s: typer.echo(s, err=True))
+                       max_step_s=max_step_s, retry_above=retry_above, min_seq=min_seq, zero_stages=stages,
+                       ds_worlds=worlds, command=_command(), log=lambda s: typer.echo(s, err=True))
     typer.echo(f"rows in {path}")
 
 

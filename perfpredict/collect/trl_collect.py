@@ -46,17 +46,38 @@ def pending(configs: list[TrlConfig], path: Path, *, warmup: int, steps: int) ->
     return [(k, c) for c in configs if (k := c.key(warmup=warmup, steps=steps, hardware=hw)) not in done]
 
 
-def worker_command(world: int, job: Path) -> list[str]:
+def worker_command(world: int, job: Path, *, deepspeed: bool = False) -> list[str]:
     mod = ["-m", "perfpredict.collect.trl_worker", "--job", str(job)]
     if world == 1:
         return [sys.executable, *mod]
+    if deepspeed:
+        # accelerate's DeepSpeed launcher (accelerate/commands/launch.py deepspeed_launcher: torchrun-style ranks,
+        # ACCELERATE_USE_DEEPSPEED=true); the ZeRO config itself is the TrainingArguments' `deepspeed=` dict.
+        return [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", f"--num_processes={world}",
+                "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", *mod]
     # --multi_gpu without a GPU: torchrun-style ranks that accelerate runs as MULTI_CPU over gloo.
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={world}",
             "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", *mod]
 
 
-def _env() -> dict[str, str]:
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(*, deepspeed: bool = False, world: int = 1) -> dict[str, str]:
     env = dict(os.environ)
+    if deepspeed:
+        # accelerate turns DeepSpeed on from this variable (accelerate/state.py, TrainingArguments' deepspeed= sets
+        # the plugin); one process: the torch.distributed rendezvous DeepSpeed's init_distributed expects, on a
+        # fresh port per launch.
+        env["ACCELERATE_USE_DEEPSPEED"] = "true"
+        if world == 1:
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(_free_port()))
     env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1",
                HF_DATASETS_DISABLE_PROGRESS_BARS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
@@ -90,8 +111,9 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
         seen = 0
         last = time.monotonic()
         with open(d / "log.txt", "wb") as fh:
-            proc = subprocess.Popen(worker_command(world, job), stdout=fh, stderr=subprocess.STDOUT, env=_env(),
-                                    start_new_session=True)
+            ds = any(c.backend == "deepspeed" for _, c in todo)
+            proc = subprocess.Popen(worker_command(world, job, deepspeed=ds), stdout=fh, stderr=subprocess.STDOUT,
+                                    env=_env(deepspeed=ds, world=world), start_new_session=True)
             try:
                 while True:
                     lines = _read_lines(results)
@@ -137,7 +159,8 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
 def collect_trl(*, n: int, out_dir: Path | None = None, seed: int = 0, backends: tuple[str, ...] = ("single", "ddp"),
                 shapes: tuple[str, ...] | None = None, warmup: int = 2, steps: int = 4, max_retries: int = 1,
                 timeout_s: float = 300.0, chunk: int = 10, max_step_s: float = 1.5, retry_above: float = 1.0,
-                min_seq: int = 128, command: str = "",
+                min_seq: int = 128, zero_stages: tuple[int, ...] = (1, 2, 3), ds_worlds: tuple[int, ...] = (1,),
+                command: str = "",
                 configs: list[TrlConfig] | None = None, log: Callable[[str], None] = print) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -148,7 +171,8 @@ def collect_trl(*, n: int, out_dir: Path | None = None, seed: int = 0, backends:
     out = Path(out_dir) if out_dir else default_out_dir()
     path = out / TABLE
     grid = configs if configs is not None else sample_grid(n, seed=seed, backends=backends, shapes=shapes,
-                                                           max_step_s=max_step_s, min_seq=min_seq)
+                                                           max_step_s=max_step_s, min_seq=min_seq,
+                                                           zero_stages=zero_stages, ds_worlds=ds_worlds)
     todo = pending(grid, path, warmup=warmup, steps=steps)
     log(f"{len(grid)} configs, {len(grid) - len(todo)} already in {path}, {len(todo)} to measure")
     if not todo:

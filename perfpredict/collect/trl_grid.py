@@ -8,7 +8,10 @@ What TRL 1.16 offers (installed sources, site-packages/trl):
 - CPO (SimPO = `loss_type="simpo"`, `cpo_alpha=0`): trl/experimental/cpo/cpo_config.py:121-139, reference-free.
 - ORPO: trl/experimental/orpo/orpo_trainer.py, reference-free.
 - KTO: promoted to trl/trainer/kto_trainer.py (trl.experimental.kto only re-exports it with a deprecation
-  warning); needs per-device batch > 1 for its KL term and sequential sampling (kto_trainer.py:836-846)."""
+  warning); needs per-device batch > 1 for its KL term and sequential sampling (kto_trainer.py:836-846).
+- DeepSpeed (backend `deepspeed`): the same trainers with `deepspeed=` a ZeRO config (TrainingArguments'
+  HfTrainerDeepSpeedConfig fills the "auto" values); ZeRO stage and world size are config fields (zero_stage,
+  ds_world), left out of the key of every other backend so earlier rows keep their run_id."""
 
 from __future__ import annotations
 
@@ -39,7 +42,9 @@ COMBOS: tuple[tuple[str, str, str], ...] = (
 )
 OBJECTIVE = {"sigmoid": "dpo", "ipo": "ipo", "simpo": "simpo", "orpo": "orpo", "kto": "kto"}
 TRAINERS = ("dpo", "cpo", "orpo", "kto")
-BACKENDS = {"single": 1, "ddp": 2, "fsdp": 2}
+BACKENDS = {"single": 1, "ddp": 2, "fsdp": 2, "deepspeed": 1}  # deepspeed: default world (ds_world overrides)
+ZERO_STAGES = (0, 1, 2, 3)
+DS_WORLDS = (1, 2)
 SEQ_LENS = (128, 256, 512, 768, 1024)
 PROMPT_FRACTIONS = (0.25, 0.5, 0.75)
 BATCHES = (1, 2, 4, 8)
@@ -65,6 +70,8 @@ class TrlConfig:
     completion_len: int
     len_jitter: float = 0.0
     seed: int = 0
+    zero_stage: int = 0  # deepspeed only
+    ds_world: int = 1  # deepspeed only: ranks
 
     def __post_init__(self) -> None:
         combo = (self.trainer, self.loss_type, self.reference)
@@ -78,12 +85,24 @@ class TrlConfig:
             raise PerfPredictError("per_device_batch, grad_accum, prompt_len and completion_len must be >= 1")
         if self.trainer == "kto" and self.per_device_batch < 2:
             raise PerfPredictError("KTO needs per_device_batch >= 2 (its KL term cycles completions in the batch)")
+        if self.backend == "deepspeed":
+            if self.zero_stage not in ZERO_STAGES or self.ds_world not in DS_WORLDS:
+                raise PerfPredictError(f"deepspeed needs zero_stage in {ZERO_STAGES} and ds_world in {DS_WORLDS}, got "
+                                       f"{self.zero_stage} and {self.ds_world}")
+        elif (self.zero_stage, self.ds_world) != (0, 1):
+            raise PerfPredictError(f"zero_stage / ds_world are deepspeed settings; backend {self.backend!r} takes "
+                                   "neither")
         if not 0.0 <= self.len_jitter < 1.0:
             raise PerfPredictError(f"len_jitter must be in [0, 1), got {self.len_jitter}")
 
     @property
     def world(self) -> int:
-        return BACKENDS[self.backend]
+        return self.ds_world if self.backend == "deepspeed" else BACKENDS[self.backend]
+
+    @property
+    def launch_group(self) -> str:
+        """Configs one worker launch may share: same backend, world and (DeepSpeed) ZeRO stage."""
+        return f"{self.backend}-z{self.zero_stage}-w{self.ds_world}" if self.backend == "deepspeed" else self.backend
 
     @property
     def objective(self) -> str:
@@ -94,7 +113,10 @@ class TrlConfig:
         return self.prompt_len + self.completion_len
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if self.backend != "deepspeed":  # the keys (run_id) of rows collected before these fields existed
+            del d["zero_stage"], d["ds_world"]
+        return d
 
     def key(self, *, warmup: int, steps: int, hardware: str) -> str:
         """The resumability key (= run_id): the config plus what changes the measurement."""
@@ -126,11 +148,13 @@ def estimated_step_s(cfg: TrlConfig) -> float:
 
 def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single", "ddp", "fsdp"),
                 shapes: tuple[str, ...] | None = None, max_step_s: float = 2.5,
-                min_seq: int = SEQ_LENS[0]) -> list[TrlConfig]:
+                min_seq: int = SEQ_LENS[0], zero_stages: tuple[int, ...] = (1, 2, 3),
+                ds_worlds: tuple[int, ...] = (1,)) -> list[TrlConfig]:
     """n configs in run order: shapes, objective combos and backends rotate so any prefix is balanced; sequence
     length, prompt share, checkpointing and jitter are drawn at random (seeded), then batch and accumulation are
     drawn among those whose estimated step cost is under max_step_s (the sequence is shortened if none is, never
-    below min_seq: a supplement of long sequences is `min_seq=512`)."""
+    below min_seq: a supplement of long sequences is `min_seq=512`). DeepSpeed configs rotate over zero_stages and
+    ds_worlds (by their own count, so the other backends' draws are those of a grid without DeepSpeed)."""
     for b in backends:
         if b not in BACKENDS:
             raise PerfPredictError(f"unknown backend {b!r}; accepted: {', '.join(BACKENDS)}")
@@ -138,13 +162,21 @@ def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single",
     for s in names:
         if s not in SHAPES:
             raise PerfPredictError(f"unknown shape {s!r}; accepted: {', '.join(SHAPES)}")
+    for z in zero_stages:
+        if z not in ZERO_STAGES:
+            raise PerfPredictError(f"unknown ZeRO stage {z}; accepted: {ZERO_STAGES}")
+    for w in ds_worlds:
+        if w not in DS_WORLDS:
+            raise PerfPredictError(f"unsupported DeepSpeed world size {w}; accepted: {DS_WORLDS}")
+    if not zero_stages or not ds_worlds:
+        raise PerfPredictError("zero_stages and ds_worlds need at least one value each")
     if min_seq not in SEQ_LENS:
         raise PerfPredictError(f"min_seq must be one of {SEQ_LENS}, got {min_seq}")
     floor = SEQ_LENS.index(min_seq)
     rng = random.Random(seed)
     out: list[TrlConfig] = []
     seen: set[TrlConfig] = set()
-    i = 0
+    i = ds = 0
     while len(out) < n and i < 20 * n + 100:
         shape = names[i % len(names)]
         # shape and combo counts are coprime (7, 8): every pair comes up once in 56 slots; the backend shifts
@@ -152,6 +184,12 @@ def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single",
         trainer, loss, ref = COMBOS[i % len(COMBOS)]
         backend = backends[(i + i // len(COMBOS)) % len(backends)]
         i += 1
+        zero, dsw = 0, 1
+        if backend == "deepspeed":
+            # stage shifts by one every len(COMBOS) DeepSpeed slots, so each (combo, stage) pair comes up
+            zero = zero_stages[(ds + ds // len(COMBOS)) % len(zero_stages)]
+            dsw = ds_worlds[(ds // len(zero_stages)) % len(ds_worlds)]
+            ds += 1
         ckpt, jitter = rng.random() < 0.5, rng.choice(JITTERS)
         pfree = trainer == "dpo" and rng.random() < 0.15
         frac = rng.choice(PROMPT_FRACTIONS)
@@ -167,7 +205,8 @@ def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single",
             return TrlConfig(trainer=trainer, loss_type=loss, reference=ref, backend=backend,  # noqa: B023
                              shape=shape, per_device_batch=batches[k["batch"]],  # noqa: B023
                              grad_accum=ACCUMS[k["accum"]], checkpointing=ckpt, padding_free=pfree,  # noqa: B023
-                             prompt_len=prompt, completion_len=seq - prompt, len_jitter=jitter, seed=seed)  # noqa: B023
+                             prompt_len=prompt, completion_len=seq - prompt, len_jitter=jitter, seed=seed,  # noqa: B023
+                             zero_stage=zero, ds_world=dsw)  # noqa: B023
 
         # Every few slots one knob is held high (accumulation 4, batch >= 4, sequence >= 512) and the others give
         # way, at up to twice the cap: without it the cap would leave these corners nearly empty on a slow CPU.
@@ -190,15 +229,19 @@ def sample_grid(n: int, *, seed: int = 0, backends: tuple[str, ...] = ("single",
 
 
 def chunks(configs: list[TrlConfig], size: int) -> list[tuple[str, list[TrlConfig]]]:
-    """Consecutive runs of configs of one backend, at most `size` long, in the configs' order (one worker launch
-    each): launching costs seconds, so a launch measures several configs; short chunks keep the order mixed."""
+    """Consecutive runs of configs of one launch group (backend; DeepSpeed: + stage and world), at most `size` long,
+    in the configs' order (one worker launch each): launching costs seconds, so a launch measures several configs;
+    short chunks keep the order mixed. DeepSpeed: one config per launch. A finished DeepSpeed trainer's engine and
+    ZeRO optimizer stay reachable in the process (measured: the live tensors at a later config's step begin grew by
+    16 B per parameter per earlier config: its fp32 master partition and Adam states), which would count in the
+    next config's peak; accelerate's state also keeps the first DeepSpeed plugin."""
     out: list[tuple[str, list[TrlConfig]]] = []
     pending: dict[str, list[TrlConfig]] = {}
     for c in configs:
-        group = pending.setdefault(c.backend, [])
+        group = pending.setdefault(c.launch_group, [])
         group.append(c)
-        if len(group) >= size:
-            out.append((c.backend, group))
-            pending[c.backend] = []
+        if len(group) >= (1 if c.backend == "deepspeed" else size):
+            out.append((c.launch_group, group))
+            pending[c.launch_group] = []
     out.extend((b, g) for b, g in pending.items() if g)
     return out

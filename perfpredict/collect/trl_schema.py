@@ -37,9 +37,9 @@ def trl_schema() -> dict[str, Any]:
     return {**runs_schema(), **TRL_COLUMNS}
 
 
-def trl_versions() -> dict[str, str | None]:
+def trl_versions(*, deepspeed: bool = False) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
-    for p in TRL_PACKAGES:
+    for p in TRL_PACKAGES + (("deepspeed",) if deepspeed else ()):
         try:
             out[p] = version(p)
         except PackageNotFoundError:
@@ -58,9 +58,10 @@ def scenario_columns(cfg: TrlConfig) -> dict[str, Any]:
             "w_epochs": 1.0, "w_precision": "fp32", "w_master_fp32": True, "w_reference": cfg.reference,
             "w_seqs_per_sample": 1 if cfg.trainer == "kto" else 2,
             "p_tp": 1, "p_pp": 1, "p_dp": cfg.world, "p_cp": 1, "p_sp": False,
-            "p_zero": 3 if cfg.backend == "fsdp" else 0, "p_recompute": "full" if cfg.checkpointing else "none",
+            "p_zero": 3 if cfg.backend == "fsdp" else cfg.zero_stage, "p_recompute": "full" if cfg.checkpointing else "none",
             "p_micro_batch": cfg.per_device_batch, "p_grad_accum": cfg.grad_accum, "p_offload": False,
-            "p_framework": "trl", "p_schedule": "1f1b", "p_vstages": 1}
+            "p_framework": "trl+deepspeed" if cfg.backend == "deepspeed" else "trl", "p_schedule": "1f1b",
+            "p_vstages": 1}
 
 
 def config_columns(cfg: TrlConfig) -> dict[str, Any]:
@@ -85,7 +86,7 @@ def trl_row(cfg: TrlConfig, res: dict[str, Any], *, key: str, warmup: int, steps
     row.update(config_columns(cfg))
     row.update(provenance)
     sw = json.loads(row["software"]) if row.get("software") else {}
-    row["software"] = json.dumps({**sw, **trl_versions()}, sort_keys=True)
+    row["software"] = json.dumps({**sw, **trl_versions(deepspeed=cfg.backend == "deepspeed")}, sort_keys=True)
     baseline = res.get("calib_baseline_s")
     before, after = res.get("calib_before_s"), res.get("calib_after_s")
     row.update(run_id=key, outcome=res["outcome"], error=res.get("error"), trace=res.get("trace"),

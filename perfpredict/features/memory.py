@@ -90,7 +90,14 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     w = pl.when(fp32).then(4.0).when(fw == "fsdp").then(4.0).when(fw == "ddp").then(
         pl.when(ddp16).then(2.0).otherwise(4.0)).otherwise(2.0)
     g = pl.when(fp32 | fw.is_in(["megatron", "nanotron", "fsdp"])).then(4.0).when(fw == "ddp").then(w).otherwise(2.0)
-    master = pl.when(fp32 | fw.is_in(["fsdp", "ddp"]) | ~c("w_master_fp32")).then(0.0).otherwise(4.0)
+    # DeepSpeed's ZeRO optimizers clone their partition into a separate fp32 master tensor even when the model is fp32
+    # (deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:560-561 `weights_partition = ...detach().clone().to(dtype=
+    # self.master_weights_and_grads_dtype)`; stage3.py:1160/1172 `converted.clone().detach()`); stage 0 hands the
+    # torch optimizer the parameters themselves. Measured (collect trl, fp32): 16 B/param at ZeRO-1/2 world 1 with
+    # no gradients alive (4 weights + 4 master + 8 Adam), 4 + 12/2 at world 2.
+    ds_fp32_master = (fw == "deepspeed") & fp32 & (c("p_zero") >= 1)
+    master = pl.when(ds_fp32_master).then(4.0).when(fp32 | fw.is_in(["fsdp", "ddp"]) | ~c("w_master_fp32")).then(
+        0.0).otherwise(4.0)
     o = master + pl.when(ddp16).then(4.0).otherwise(8.0)
     z = c("p_zero")
     # Context-parallel ranks hold the same weights and join the gradient reduction: Megatron's distributed

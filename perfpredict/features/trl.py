@@ -87,6 +87,9 @@ HF_REPLICATED_COEF = 12.0
 CPU_FOLD_POLICY_CE = 4.5
 CPU_FOLD_NOGRAD_CE = 1.0
 HF_FINAL_SBH = 3.0
+# Parameters DeepSpeed ZeRO-3 keeps gathered between a layer's forward and backward with stage3_max_reuse_distance
+# 1e9 (half of it: the distance counts the layers after it twice, forward and backward; see trl_memory).
+DS_REUSE_KEPT = 5e8
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,18 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     # FSDP gathers parameters in their own dtype (fp32 without mixed precision), not always 16-bit.
     layer = c("m_layer_params").cast(pl.Float64) * w_b
     emb = v * h * w_b
+    # DeepSpeed ZeRO-3 over one rank gathers nothing: a partition of world size 1 is the parameter itself
+    # (deepspeed 0.19.8 runtime/zero/partition_parameters.py:1559-1560 `_no_gather_coalesced`).
+    # Over more ranks, with the stage3_max_reuse_distance of 1e9 the emitted config (and HF's examples) set, a gathered
+    # parameter is released only when no module within 1e9 elements ahead in the step's trace uses it again
+    # (partitioned_param_coordinator.py:653-662): a layer gathered in the forward is reused in the backward
+    # 2 (L - i) layers later, so the last ~5e8 parameters' worth of layers (all of a model below that) stay gathered
+    # from their forward to their backward, the peak being the head's backward.
+    ds_alone = (c("d_runtime") == "deepspeed") & (c("p_dp") * c("p_cp") == 1)
+    ds_kept = (c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)
     gathered = (pl.when((c("d_runtime") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
+                .when(ds_alone).then(0.0)
+                .when(ds_kept).then(pl.min_horizontal(c("d_params_rank"), pl.lit(DS_REUSE_KEPT)) * w_b)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
     # Gradients: the HF Trainer frees them after every optimizer step (optimizer.zero_grad(), set_to_none), so with
     # one micro-batch per step they are allocated during the backward as the activations are freed: the peak holds
@@ -221,9 +235,31 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     fresh = trl & (c("p_grad_accum") == 1) & c("d_runtime").is_in(["ddp", "fsdp"])
     params = c("d_params_rank").clip(lower_bound=1.0)
     grad_eff = (c("d_grad_bpp") - (act_first + head_bwd) / params).clip(lower_bound=0.0)
+    # DeepSpeed ZeRO 0-2 in fp32 (deepspeed 0.19.8; gradient bytes per parameter, d = data-parallel ranks). The
+    # head's backward (the first op of the backward) runs before any gradient reaches a bucket; the step's transient
+    # is the largest of three moments:
+    # - the head's backward: activations + head, on top of what earlier micro-batches left (ga > 1: ZeRO-0/1 keep the
+    #   full .grad until the boundary, :2294 stage 1 reduces only there; ZeRO-2 reduces into its partition at once);
+    # - the layers' backward, activations being freed: ZeRO-0 autograd's .grad (4); ZeRO-1/2 each bucket (hidden^2
+    #   elements with "auto", stage_1_and_2.py:1414-1466) lands in `grads_in_partition`, one partition-sized buffer
+    #   (:2189-2194, 4/d), and ZeRO-1 keeps the other partitions' .grad until the step (:2270-2272: it copies only its
+    #   own; :3102 frees the rest): 4 (1 - 1/d) more;
+    # - the boundary / step, activations freed: ZeRO-0 flattens every gradient into one all-reduce bucket (engine.py
+    #   :3095 buffered_allreduce_fallback with 5e8 elements per bucket, :3796 `self.flatten(bucket)`): 4 + 4;
+    #   ZeRO-1/2 flatten the partition's gradients into a second partition-sized tensor (:3114-3117): 4/d + 4/d.
+    # Measured: the step adds 8.0 B/param at world 1 with small activations, at every stage 0-2.
+    ds = c("d_runtime") == "deepspeed"
+    zero = c("p_zero")
+    ds_grads = trl & ds & zero.is_in([0, 1, 2]) & fp32
+    part = pl.when(zero == 0).then(4.0).otherwise(4.0 / c("p_dp").cast(pl.Float64))
+    others = pl.when(zero == 1).then(4.0 - part).otherwise(0.0)
+    held = pl.when(c("p_grad_accum") > 1).then(pl.when(zero == 2).then(part).otherwise(4.0)).otherwise(0.0)
+    act_p, head_p = act_first / params, head_bwd / params
+    grad_ds = (pl.max_horizontal(2.0 * part, held + act_p + head_p, others + part + act_p) - act_p - head_p).clip(
+        lower_bound=0.0)
     return df.with_columns(
         d_act_first=pl.when(trl).then(act_first).otherwise(c("d_act_first")),
-        d_grad_bpp=pl.when(fresh).then(grad_eff).otherwise(c("d_grad_bpp")),
+        d_grad_bpp=pl.when(fresh).then(grad_eff).when(ds_grads).then(grad_ds).otherwise(c("d_grad_bpp")),
         d_gathered_bytes=pl.when(trl).then(gathered).otherwise(c("d_gathered_bytes")),
         d_head_bwd_bytes=pl.when(trl).then(head_bwd).otherwise(None),
         d_logits_bytes=pl.when(trl).then(head_bwd).otherwise(c("d_logits_bytes")),
