@@ -265,3 +265,28 @@ def test_deepspeed_step_gradient_buffers_when_activations_are_small():
     big = [_row("dpo", "live", framework="trl+deepspeed", zero=z, dp=d, mb=4) for z in (1, 2, 3) for d in (1, 2)]
     mem = {(r["p_zero"], r["p_dp"]): r["d_mem_gib"] for r in _describe(big).iter_rows(named=True)}
     assert all(mem[(z, 2)] <= mem[(z, 1)] for z in (1, 2, 3))
+
+
+def test_deepspeed_host_terms_move_only_trl_deepspeed_cpu_rows():
+    """The fitted DeepSpeed terms (a per-step engine cost, ZeRO-3's per-tensor hooks per pass) add exactly their
+    units to TRL DeepSpeed plans on CPU, and nothing to a ZeRO-0..2 plan's hook term or to any other plan."""
+    from perfpredict.learn.compose import TRL_CALIBRATION, compose
+    from perfpredict.predictor.predict import load_predictor
+
+    kernels = load_predictor().kernels
+    d = _describe([_row("dpo", "live", framework="trl+deepspeed", zero=3),
+                   _row("dpo", "live", framework="trl+deepspeed", zero=2), _row("dpo", "live")])
+    orig = kernels.trl_calibration_
+    cal = {**TRL_CALIBRATION, **(orig or {})}
+    try:
+        kernels.trl_calibration_ = {**cal, "zero3_hook_s": 0.0, "deepspeed_step_s": 0.0}
+        base = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
+        kernels.trl_calibration_ = {**cal, "zero3_hook_s": 1e-3, "deepspeed_step_s": 0.1}
+        moved = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
+    finally:
+        kernels.trl_calibration_ = orig
+    row = d.row(0, named=True)
+    tensors = row["m_layers"] * 9 + 2 + (0 if row["m_tied"] else 1)
+    assert moved[0] - base[0] == pytest.approx(0.1 + 1e-3 * tensors * row["d_layer_passes"] * row["p_grad_accum"])
+    assert moved[1] - base[1] == pytest.approx(0.1)
+    assert moved[2] == base[2]

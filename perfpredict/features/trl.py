@@ -162,6 +162,10 @@ def head_passes(df: pl.DataFrame) -> pl.DataFrame:
         d_head_ce_passes=pl.when(trl & fused & cpu).then(0.0).when(trl & fused).then(2.0 + fwd).otherwise(
             3.0 + ref_fwd + pl.when(trl).then(_rule("nll_share", 0.0) * 3.0).otherwise(0.0)),
         d_extra_fwd_passes=extra_fwd,
+        # Passes through the layers per micro-batch (forwards, the backward, the checkpointed recompute): DeepSpeed
+        # ZeRO-3 runs its fetch/release hooks on every module with parameters in each of them (compose).
+        d_layer_passes=pl.when(trl).then(
+            fwd + 1.0 + (c("p_recompute") == "full").cast(pl.Float64)).otherwise(0.0),
     )
 
 

@@ -52,8 +52,18 @@ LAUNCH_GRID_S = (5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5, 8e-5, 1.2e-4)
 # (fit_trl_calibration: bounded scales, one per kernel family, so each stays a physical efficiency and a step
 # still moves with its own GEMM, attention and elementwise work); these defaults hold until then. GPU rows get
 # none of them (TRL was not measured there).
-TRL_CALIBRATION = {"fold_scale": 1.0, "gemm_scale": 1.0, "attention_scale": 1.0, "membound_scale": 1.0}
+# DeepSpeed ZeRO-3 under TRL (trl+deepspeed, stage 3): the engine's per-module hooks (fetch, release, the
+# partitioned-parameter bookkeeping; deepspeed/runtime/zero/parameter_offload.py, partitioned_param_coordinator.py)
+# run in Python for every parameter tensor in every pass, on one rank too, where nothing is gathered: seconds per
+# parameter tensor per pass, fitted with the scales (the measured ZeRO-3 steps were 40-120 % above the composition
+# without it). And every DeepSpeed stage's own per-step host work around the optimizer (engine.step: the
+# gradient flatten/unflatten and all-reduce bookkeeping of ZeRO-0, the partition copies and the fp32 master step of
+# ZeRO 1-2, overflow checks): seconds per optimizer step (ZeRO 0-2 steps were 20-30 % above the composition).
+TRL_CALIBRATION = {"fold_scale": 1.0, "gemm_scale": 1.0, "attention_scale": 1.0, "membound_scale": 1.0,
+                   "zero3_hook_s": 0.0, "deepspeed_step_s": 0.0}
 TRL_SCALE_BOUNDS = (0.25, 8.0)
+ZERO3_HOOK_BOUNDS_S = (0.0, 0.01)
+DEEPSPEED_STEP_BOUNDS_S = (0.0, 0.5)
 TRL_FAMILIES = ("gemm", "attention", "membound")
 
 
@@ -306,14 +316,34 @@ def fit_trl_calibration(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarra
     sub = desc.filter(pl.Series(trl))
     ident = {**TRL_CALIBRATION, "fold_scale": 0.0}
     base = _compose(sub, kernels, getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S, ident)
-    fam = np.column_stack([base[f"k_{f}_s"].to_numpy() for f in TRL_FAMILIES] + [base["k_trlfold_unit_s"].to_numpy()])
+    fam = np.column_stack([base[f"k_{f}_s"].to_numpy() for f in TRL_FAMILIES]
+                          + [base["k_trlfold_unit_s"].to_numpy(), sub.select(_zero3_hook_units()).to_series().to_numpy(),
+                             sub.select(_deepspeed_steps()).to_series().to_numpy()])
     y = y_s[trl]
     rest = base["k_step_s"].to_numpy() - fam[:, :3].sum(axis=1)  # launch, optimizer, host: kept as composed
     w = 1.0 / y
     lo, hi = TRL_SCALE_BOUNDS
-    x = lsq_linear(fam * w[:, None], (y - rest) * w, bounds=(lo, hi)).x
+    bounds = ([lo] * 4 + [ZERO3_HOOK_BOUNDS_S[0], DEEPSPEED_STEP_BOUNDS_S[0]],
+              [hi] * 4 + [ZERO3_HOOK_BOUNDS_S[1], DEEPSPEED_STEP_BOUNDS_S[1]])
+    x = lsq_linear(fam * w[:, None], (y - rest) * w, bounds=bounds).x
     return {"gemm_scale": float(x[0]), "attention_scale": float(x[1]), "membound_scale": float(x[2]),
-            "fold_scale": float(x[3])}
+            "fold_scale": float(x[3]), "zero3_hook_s": float(x[4]), "deepspeed_step_s": float(x[5])}
+
+
+def _deepspeed_steps() -> pl.Expr:
+    """1 for a TRL DeepSpeed plan on CPU (its engine's per-step host work), 0 elsewhere."""
+    return (is_trl() & (c("g_name") == "cpu") & (c("d_runtime") == "deepspeed")).cast(pl.Float64)
+
+
+def _zero3_hook_units() -> pl.Expr:
+    """Parameter tensors x passes per optimizer step of a TRL ZeRO-3 plan on CPU (0 elsewhere): per layer the
+    four attention projections, two or three MLP matrices and two norms; the embedding, the final norm and an
+    untied head."""
+    z3 = is_trl() & (c("g_name") == "cpu") & (c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)
+    per_layer = 6.0 + pl.when(c("m_gated")).then(3.0).otherwise(2.0)
+    tensors = c("m_layers").cast(pl.Float64) * per_layer + 2.0 + pl.when(c("m_tied")).then(0.0).otherwise(1.0)
+    return pl.when(z3).then(tensors * c("d_layer_passes").fill_null(0.0)
+                            * c("p_grad_accum").cast(pl.Float64)).otherwise(0.0)
 
 
 def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
@@ -363,7 +393,8 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
     extra = sum((cal[f"{f}_scale"] - 1.0) * c(f"k_{f}_s") for f in TRL_FAMILIES)
     out = out.with_columns(
         k_trlfold_unit_s=c("k_trlfold_raw_s"),
-        k_trl_s=c("k_trlfold_raw_s") * cal["fold_scale"],
+        k_trl_s=c("k_trlfold_raw_s") * cal["fold_scale"] + cal["zero3_hook_s"] * _zero3_hook_units()
+        + cal["deepspeed_step_s"] * _deepspeed_steps(),
         k_compute_s=c("k_compute_s") + pl.when(trl_cpu).then(extra).otherwise(0.0),
     ).drop("k_trlfold_raw_s")
     stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_ep_s") + c("k_pp_s") + c("k_launch_s")
