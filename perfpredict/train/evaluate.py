@@ -212,6 +212,10 @@ def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if "variant" in pred.columns and pred["variant"].n_unique() > 1:  # one point per run: the shipped variant's
+        pred = pred.filter(c("variant") == DEFAULT_VARIANT.name)
+    sources = sorted(set(pred["source"].unique().to_list()))
+    colour = {src: f"C{i}" for i, src in enumerate(sources)}  # one colour per source in every panel
     splits = [s for s in SPLITS if s in set(pred["split"].unique().to_list())]
     fig, axes = plt.subplots(2, len(splits), figsize=(4.2 * len(splits), 8.0), squeeze=False)
     for j, split in enumerate(splits):
@@ -222,7 +226,7 @@ def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
             ax = axes[i][j]
             sub = rows(sub_split)
             for (src,), g in sorted(sub.group_by("source"), key=lambda t: str(t[0])):
-                ax.scatter(g[true], g[p], s=6, alpha=0.5, label=f"{src} ({g.height})")
+                ax.scatter(g[true], g[p], s=6, alpha=0.5, color=colour[src], label=f"{src} ({g.height})")
             if sub.height:
                 lo = float(min(sub[true].min(), sub[p].min()))
                 hi = float(max(sub[true].max(), sub[p].max()))
