@@ -163,7 +163,8 @@ class Correction:
         """The domain key, refined for step-time intervals where the pipeline crosses nodes: there the published
         nanotron runs split into two regimes (17 % of the playbook's 1B runs and 39 % of its 8B runs stall by
         1.1-1.8 s per micro-batch: 27 % / 51 % of the 1B / 8B runs whose pipeline crosses nodes, 3 % / 16 % of the
-        others) that no configuration column separates, so those rows get their own, wider spread instead of widening everyone's."""
+        others) that no configuration column separates, so those rows get their own, wider spread instead of
+        widening everyone's."""
         keys = self.domain_keys(df)
         if self.kind != "time" or not {"d_pp_cross_node", "p_pp"} <= set(df.columns):
             return keys
