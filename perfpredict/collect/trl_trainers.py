@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfpredict.collect.trl_grid import TrlConfig
+from perfpredict.core.frameworks import zero_optimization
 
 LAYER_CLASS = "LlamaDecoderLayer"
 
@@ -50,21 +51,14 @@ def enable_fsdp_on_cpu() -> None:
 
 def deepspeed_config(zero_stage: int) -> dict[str, Any]:
     """The DeepSpeed config a user hands TrainingArguments(deepspeed=...): the ZeRO block `perfpredict rank --emit`
-    writes (predictor/emit/deepspeed.py _ds_config: overlap_comm, contiguous gradients, bucket sizes "auto"), fp32
+    writes (core.frameworks.zero_optimization: overlap_comm, contiguous gradients, bucket sizes "auto"), fp32
     (bf16/fp16 off, as the rest of the trainer), and "auto" where transformers fills values from the arguments and
     the model (transformers/integrations/deepspeed.py:204-240: reduce_bucket_size = hidden^2, ZeRO-3 prefetch
     0.9 hidden^2 and persistence threshold 10 hidden). Without "auto" DeepSpeed's default reduce bucket is 5e8
     elements (a 1.86 GiB fp32 buffer per step on these small models: measured). No `optimizer` block: the Trainer's
     torch AdamW goes to deepspeed.initialize and the ZeRO optimizer wraps it (DeepSpeed's own AdamW would be its
     CUDA/CPU-Adam op, not what runs on GPUs)."""
-    zero: dict[str, Any] = {"stage": zero_stage}
-    if zero_stage >= 1:
-        zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto"})
-    if zero_stage == 3:
-        zero.update({"stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
-                     "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
-                     "sub_group_size": 1_000_000_000})
-    return {"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
+    return {"zero_optimization": zero_optimization(zero_stage), "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto",
             "bf16": {"enabled": False}, "fp16": {"enabled": False}}
 

@@ -159,6 +159,29 @@ RUNTIME = {n: (c.runtime or n) for n, c in CAPABILITIES.items()}
 TRL_FRAMEWORKS = tuple(n for n in CAPABILITIES if n == "trl" or n.startswith("trl+"))
 
 
+# The ZeRO settings every DeepSpeed config we write carries (`rank --emit deepspeed`, `collect trl --backends
+# deepspeed`): "auto" where transformers fills them from the model (integrations/deepspeed.py: reduce bucket hidden^2,
+# ZeRO-3 prefetch 0.9 hidden^2, persistence threshold 10 hidden), the 1e9 stage-3 limits of HF's examples. The
+# memory model reads the reuse distance (features.trl: what ZeRO-3 keeps gathered between forward and backward).
+STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+
+
+def zero_optimization(stage: int, *, optimizer_offload: bool = False, param_offload: bool = False) -> dict:
+    """DeepSpeed's `zero_optimization` block for a ZeRO stage (0-3), with optimizer / parameter offload to host."""
+    zero: dict = {"stage": stage}
+    if stage >= 1:
+        zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto"})
+    if optimizer_offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if param_offload:  # ZeRO-Infinity: stage 3 parameters in host memory too
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if stage == 3:
+        zero.update({"stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+                     "stage3_max_live_parameters": 1_000_000_000,
+                     "stage3_max_reuse_distance": STAGE3_MAX_REUSE_DISTANCE, "sub_group_size": 1_000_000_000})
+    return zero
+
+
 def expand_backends(names) -> tuple[str, ...]:
     """A framework with backends stands for itself and its backends (`trl` -> trl, trl+deepspeed, trl+fsdp)."""
     out: list[str] = []

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from perfpredict.core.errors import require
+from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE
 
 c = pl.col
 
@@ -87,9 +88,9 @@ HF_REPLICATED_COEF = 12.0
 CPU_FOLD_POLICY_CE = 4.5
 CPU_FOLD_NOGRAD_CE = 1.0
 HF_FINAL_SBH = 3.0
-# Parameters DeepSpeed ZeRO-3 keeps gathered between a layer's forward and backward with stage3_max_reuse_distance
-# 1e9 (half of it: the distance counts the layers after it twice, forward and backward; see trl_memory).
-DS_REUSE_KEPT = 5e8
+# Parameters DeepSpeed ZeRO-3 keeps gathered between a layer's forward and backward with the stage3_max_reuse_distance
+# our configs set (half of it: the distance counts the layers after it twice, forward and backward; see trl_memory).
+DS_REUSE_KEPT = STAGE3_MAX_REUSE_DISTANCE / 2
 
 
 @dataclass(frozen=True)

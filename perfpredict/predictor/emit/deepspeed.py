@@ -5,28 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from perfpredict.core.frameworks import zero_optimization
 from perfpredict.predictor.emit.common import Ctx, comment_block, yaml_lines
 from perfpredict.predictor.emit.trl import accelerate_common, accelerate_common_comments, trainer_notes, trl_args_file
 
 
 def _ds_config(ctx: Ctx) -> dict[str, Any]:
     p, w = ctx.plan, ctx.workload
-    zero: dict[str, Any] = {"stage": p.zero}
-    if p.zero >= 1:
-        zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto"})
-    if p.optimizer_offload:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if p.param_offload:  # ZeRO-Infinity: stage 3 parameters in host memory too
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    zero = zero_optimization(p.zero, optimizer_offload=p.optimizer_offload, param_offload=p.param_offload)
     if p.zero == 3:
-        zero.update({
-            "stage3_prefetch_bucket_size": "auto",
-            "stage3_param_persistence_threshold": "auto",
-            "stage3_max_live_parameters": 1_000_000_000,
-            "stage3_max_reuse_distance": 1_000_000_000,
-            "sub_group_size": 1_000_000_000,
-            "stage3_gather_16bit_weights_on_model_save": True,
-        })
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
     fp16: dict[str, Any] = {"enabled": w.precision == "fp16"}
     if w.precision == "fp16":
         fp16.update({"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
