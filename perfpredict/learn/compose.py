@@ -310,7 +310,7 @@ def fit_trl_calibration(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarra
     error (each step weighted by 1/measured), the defaults without at least 10 such steps."""
     from scipy.optimize import lsq_linear
 
-    trl = desc.select((is_trl() & (c("g_name") == "cpu")).fill_null(False)).to_series().to_numpy()
+    trl = desc.select(_trl_cpu().fill_null(False)).to_series().to_numpy()
     if trl.sum() < 10:
         return dict(TRL_CALIBRATION)
     sub = desc.filter(pl.Series(trl))
@@ -330,16 +330,21 @@ def fit_trl_calibration(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarra
             "fold_scale": float(x[3]), "zero3_hook_s": float(x[4]), "deepspeed_step_s": float(x[5])}
 
 
+def _trl_cpu() -> pl.Expr:
+    """The plans TRL_CALIBRATION applies to: TRL on CPU, where it was measured."""
+    return is_trl() & (c("g_name") == "cpu")
+
+
 def _deepspeed_steps() -> pl.Expr:
     """1 for a TRL DeepSpeed plan on CPU (its engine's per-step host work), 0 elsewhere."""
-    return (is_trl() & (c("g_name") == "cpu") & (c("d_runtime") == "deepspeed")).cast(pl.Float64)
+    return (_trl_cpu() & (c("d_runtime") == "deepspeed")).cast(pl.Float64)
 
 
 def _zero3_hook_units() -> pl.Expr:
     """Parameter tensors x passes per optimizer step of a TRL ZeRO-3 plan on CPU (0 elsewhere): per layer the
     four attention projections, two or three MLP matrices and two norms; the embedding, the final norm and an
     untied head."""
-    z3 = is_trl() & (c("g_name") == "cpu") & (c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)
+    z3 = (_deepspeed_steps() > 0) & (c("p_zero") >= 3)
     per_layer = 6.0 + pl.when(c("m_gated")).then(3.0).otherwise(2.0)
     tensors = c("m_layers").cast(pl.Float64) * per_layer + 2.0 + pl.when(c("m_tied")).then(0.0).otherwise(1.0)
     return pl.when(z3).then(tensors * c("d_layer_passes").fill_null(0.0)
@@ -389,7 +394,7 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
         k_zero3_s=_exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), c("p_pp") / c("m_layers").cast(pl.Float64)),
         **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
     ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
-    trl_cpu = is_trl() & (c("g_name") == "cpu")
+    trl_cpu = _trl_cpu()
     extra = sum((cal[f"{f}_scale"] - 1.0) * c(f"k_{f}_s") for f in TRL_FAMILIES)
     out = out.with_columns(
         k_trlfold_unit_s=c("k_trlfold_raw_s"),

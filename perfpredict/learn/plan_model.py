@@ -336,13 +336,12 @@ class Intervals:
 
     def _pair(self, key: str) -> tuple[tuple[float, float], tuple[float, float]]:
         base = _base_key(key)
-        own = (getattr(self, "outside_keys_", {}).get(key) or getattr(self, "outside_domain_", {}).get(base)
-               or self.outside_)
+        own = self.outside_keys_.get(key) or self.outside_domain_.get(base) or self.outside_
         # The composition's spread in the row's own key alone was too narrow where its bias is per model (the
         # playbook has two models, vTrain's held-out width is 18 % off against 13 % on the widths it keeps:
         # coverage 41-44 %); over every row alone, too narrow for the playbook's stall regime. The wider of both.
         out = (min(own[0], self.outside_[0]), max(own[1], self.outside_[1]))
-        inside = self.inside_.get(key) or getattr(self, "domain_", {}).get(base) or out
+        inside = self.inside_.get(key) or self.domain_.get(base) or out
         return inside, (min(out[0], inside[0]), max(out[1], inside[1]))
 
     def bounds(self, keys: list[str], weight: np.ndarray, unseen: np.ndarray | None = None
@@ -361,9 +360,8 @@ class Intervals:
         def pairs(d: dict) -> dict:
             return {k: list(v) for k, v in d.items()}
 
-        return {"inside": pairs(self.inside_), "domain": pairs(getattr(self, "domain_", {})),
-                "outside_keys": pairs(getattr(self, "outside_keys_", {})),
-                "outside_domain": pairs(getattr(self, "outside_domain_", {})),
+        return {"inside": pairs(self.inside_), "domain": pairs(self.domain_),
+                "outside_keys": pairs(self.outside_keys_), "outside_domain": pairs(self.outside_domain_),
                 "pooled": list(self.pooled_), "outside": list(self.outside_), "unseen_hardware": list(self.unseen_)}
 
     @classmethod
