@@ -50,13 +50,11 @@ def worker_command(world: int, job: Path, *, deepspeed: bool = False) -> list[st
     mod = ["-m", "perfpredict.collect.trl_worker", "--job", str(job)]
     if world == 1:
         return [sys.executable, *mod]
-    if deepspeed:
-        # accelerate's DeepSpeed launcher (accelerate/commands/launch.py deepspeed_launcher: torchrun-style ranks,
-        # ACCELERATE_USE_DEEPSPEED=true); the ZeRO config itself is the TrainingArguments' `deepspeed=` dict.
-        return [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", f"--num_processes={world}",
-                "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", *mod]
-    # --multi_gpu without a GPU: torchrun-style ranks that accelerate runs as MULTI_CPU over gloo.
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={world}",
+    # DeepSpeed: accelerate's DeepSpeed launcher (accelerate/commands/launch.py deepspeed_launcher: torchrun-style
+    # ranks, ACCELERATE_USE_DEEPSPEED=true); the ZeRO config itself is the TrainingArguments' `deepspeed=` dict.
+    # Otherwise --multi_gpu without a GPU: torchrun-style ranks that accelerate runs as MULTI_CPU over gloo.
+    mode = "--use_deepspeed" if deepspeed else "--multi_gpu"
+    return [sys.executable, "-m", "accelerate.commands.launch", mode, f"--num_processes={world}",
             "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no", *mod]
 
 
