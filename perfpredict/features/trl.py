@@ -132,6 +132,11 @@ def is_trl() -> pl.Expr:
     return c("p_framework").str.starts_with("trl")
 
 
+def trl_mode() -> pl.Expr:
+    """The trainer x reference label TRL accuracy is reported by ("dpo live", "orpo none"...); null off TRL."""
+    return pl.when(is_trl()).then(pl.concat_str([c("w_objective"), c("w_reference")], separator=" ")).otherwise(None)
+
+
 def head_passes(df: pl.DataFrame) -> pl.DataFrame:
     """Output-head work per micro-batch, in units of the policy batch's head GEMM ([T x h] @ [h x V]) and its
     full-vocabulary elementwise pass, for the kernel composition (learn/compose.py):

@@ -9,7 +9,7 @@ import polars as pl
 from perfpredict.core.dataset import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES, read_tables
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.features.descriptors import describe
-from perfpredict.features.trl import is_trl
+from perfpredict.features.trl import trl_mode
 
 c = pl.col
 REQUIRED_FLAT = ("m_layers", "m_hidden", "g_name", "c_gpus", "w_seq_len", "p_tp", "p_framework")
@@ -94,8 +94,7 @@ def load_runs(root: Path | str) -> pl.DataFrame:
     return describe(runs).with_columns(
         # Shapes shrunk from one catalog model are one model for held-out evaluation (stricter than per shape).
         model_group=pl.concat_str([c("source"), pl.coalesce(c("shrunk_from"), c("m_name"))], separator=":"),
-        trl_mode=pl.when(is_trl()).then(
-            pl.concat_str([c("w_objective"), c("w_reference")], separator=" ")).otherwise(None),
+        trl_mode=trl_mode(),
         cluster_group=pl.concat_str([c("source"), c("m_name"), c("g_name"), c("c_gpus").cast(pl.Utf8),
                                      c("w_seq_len").cast(pl.Utf8), c("w_global_batch").cast(pl.Utf8),
                                      c("w_objective")], separator=":"),

@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 from scipy.stats import spearmanr
 
-from perfpredict.features.trl import is_trl
+from perfpredict.features.trl import is_trl, trl_mode
 from perfpredict.learn.compose import compose
 from perfpredict.learn.kernels import KernelModel
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
@@ -290,4 +290,4 @@ def describe_trl(raw: pl.DataFrame) -> pl.DataFrame:
     from perfpredict.features.descriptors import describe
 
     return describe(raw).filter(c("outcome") == "ok").with_columns(
-        trl_mode=pl.concat_str([c("w_objective"), c("w_reference")], separator=" "))
+        trl_mode=trl_mode())
