@@ -1,6 +1,6 @@
-"""The generation side of `perfpredict rank --phase generate|iteration`, `predict` and `evaluate --phase generate`.
+"""The generation side of `perfpredict rank --phase generate|iteration` and `predict`.
 
-Called from the existing commands (predictor/cli.py, train/cli.py), which keep their option parsing."""
+Called from the existing commands (predictor/cli.py), which keep their option parsing."""
 
 from __future__ import annotations
 
@@ -139,43 +139,3 @@ def print_predictions(preds: list[dict[str, Any]], json_out: bool) -> None:
                   f"{p['total_tokens_per_s']:.4g}" if p["fits"] else "-", f"{p['kv_capacity_tokens']:,}",
                   _fmt_s(p["time_to_generate_s"]), "yes" if p["fits"] else f"NO: {p['reason']}")
     console.print(t)
-
-
-def run_evaluate(*, data: Path, seed: int, save: bool, json_out: Path | None) -> None:
-    from perfpredict.train.generate import evaluate
-
-    res = evaluate(data, seed=seed)
-    model = res.pop("model")
-    console.print(f"{res['rows']} measured vLLM rows ({res['ok_rows']} ok) -> {res['configs']} configurations "
-                  f"(median of gated repeats; repeat spread median CV {100 * res['repeat_cv_median']:.1f}%)")
-    kv = res["kv_capacity"]
-    console.print(f"KV capacity vs the engine's log line, {kv['engines']} engines: max error "
-                  f"{100 * kv['max_rel_err']:.2f}%, mean {100 * kv['mean_rel_err']:.2f}%")
-    t = Table("held out", "train", "test", "MAPE", "median APE", "MAPE w/o correction", "best layout", "within 5%",
-              "regret", "cases", title="output tokens/s on held-out vLLM runs")
-    for s in res["splits"]:
-        t.add_row(s["split"], str(s["train_rows"]), str(s["test_rows"]), f"{100 * s['mape']:.1f}%",
-                  f"{100 * s['median_ape']:.1f}%", f"{100 * s['mape_without_correction']:.1f}%",
-                  f"{100 * s['best_exact']:.0f}%", f"{100 * s['best_within_5pct']:.0f}%",
-                  f"{100 * s['mean_regret']:.1f}%", str(s["cases"]))
-    console.print(t)
-    vidur = next((p for p in (Path("../shared/data/public/vidur"), data / "public" / "vidur-csv")
-                  if (p / "data" / "profiling").is_dir()), None)
-    if vidur is not None:
-        from perfpredict.train.generate import vidur_decode_layer_check
-
-        v = vidur_decode_layer_check(vidur)
-        agg = (v.group_by("gpu").agg(pl.len().alias("n"), pl.col("ratio").median().alias("median"),
-                                     (pl.col("ratio") - 1).abs().mean().alias("mape"),
-                                     (pl.col("ratio") - 1).abs().quantile(0.9).alias("p90"))
-               .sort("gpu"))
-        t = Table("gpu", "layers x tp x tokens", "median composed/measured", "mean |error|", "p90 |error|",
-                  title=f"GPU decode layer (GEMMs, norms, activation, residual) vs Vidur's per-op profiles ({vidur})")
-        for r in agg.iter_rows(named=True):
-            t.add_row(r["gpu"], str(r["n"]), f"{r['median']:.3f}", f"{100 * r['mape']:.1f}%", f"{100 * r['p90']:.1f}%")
-        console.print(t)
-        res["vidur_decode_layer"] = agg.to_dicts()
-    if json_out:
-        json_out.write_text(json.dumps(res, indent=1, default=str))
-    if save:
-        console.print(f"saved the model trained on all rows to {model.save()}")

@@ -201,12 +201,15 @@ def rank_iteration(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload,
     """For each split of the G devices (g for generation, G - g for DPO training with a live reference that scores
     the pairs), the best layout of each side and the time of one synchronous iteration: generate prompts x k
     samples, then train on one pair per prompt (seq = input + output)."""
-    from perfpredict.api import rank as train_rank
     from perfpredict.core.workload import Workload
+    from perfpredict.features.plans import PlanSpace
+    from perfpredict.predictor.predict import load_predictor
+    from perfpredict.predictor.rank import rank_plans
 
     G = cluster.gpus
     if G < 2:
         raise PerfPredictError("--phase iteration needs at least 2 devices (one for generation, one for training)")
+    bundle = load_predictor(predictor)
     rows = []
     seq = workload.input_len + workload.output_len
     for g in range(1, G):
@@ -225,7 +228,7 @@ def rank_iteration(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload,
         w = Workload(objective="dpo", seq_len=seq, global_batch=gb, dataset_size=workload.prompts,
                      precision=workload.precision, reference="live")
         try:
-            tr = train_rank(model=model, cluster=tc, workload=w, top=1, predictor=predictor)
+            tr = rank_plans(model=model, cluster=tc, workload=w, space=PlanSpace(), bundle=bundle).fitting.head(1)
         except PerfPredictError:
             continue
         if tr.height == 0:

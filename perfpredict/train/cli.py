@@ -92,7 +92,7 @@ def evaluate_cmd(
     Step-time MAPE, median and p90 APE beside the composition-only and analytic baselines, 90%-interval coverage,
     mean applicability of the correction, peak-memory errors, false-OOM rate, ranking Spearman and top-1 regret."""
     if phase == "generate":
-        from perfpredict.predictor.generate_cli import run_evaluate
+        from perfpredict.train.generate_cli import run_evaluate
 
         return run_evaluate(data=data, seed=seed, save=save, json_out=json_out)
     if phase != "train":

@@ -253,9 +253,9 @@ def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl
     from perfpredict.train.data import load_trl
 
     if kernels is None:
-        from perfpredict.predictor.predict import load_predictor
+        from perfpredict.learn.bundle import Bundle, default_path
 
-        kernels = load_predictor().kernels
+        kernels = Bundle.load(default_path()).kernels
     d = describe_trl(load_trl(data))
     largest = d["m_params"].max()
     t = time_rows(d)

@@ -22,7 +22,8 @@ from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
-from perfpredict.predictor.generate import GenerationModel, compose
+from perfpredict.learn.generate_compose import Schedule, compose, default_kernels, kernel_rows
+from perfpredict.learn.generate_model import GenerationModel
 
 CONFIG_KEYS = ("engine_key", "workload_index")
 HELD_OUT_SHAPES = ("l4-h768-a12-kv4-v32k", "l12-h256-a4-kv4-v8k")
@@ -169,10 +170,8 @@ def vidur_decode_layer_check(root: Path | str, *, tokens: tuple[int, ...] = (1, 
     """The GPU side of the decode step against Vidur's measured per-layer inference ops (shared/data/public/vidur,
     compute/<gpu>/<model>/mlp.csv: one layer's GEMMs, norms, rotary, activation and residual at num_tokens rows,
     per TP shard). Returns composed / measured per (gpu, model, tp, tokens): how far the layer part of
-    predictor.generate's decode step is from a real serving stack's kernels at decode shapes (attention excluded:
+    learn.generate_compose's decode step is from a real serving stack's kernels at decode shapes (attention excluded:
     Vidur's attention.csv files are not in the snapshot)."""
-    from perfpredict.predictor.generate import _kernel_rows, default_kernels
-
     root = Path(root)
     files = sorted(root.glob("data/profiling/compute/*/*/*/mlp.csv"))
     if not files:
@@ -201,11 +200,9 @@ def vidur_decode_layer_check(root: Path | str, *, tokens: tuple[int, ...] = (1, 
         sc = GenScenario(model=o["_m"], cluster=Cluster(gpu=get_gpu(o["gpu"]), gpus_per_node=8),
                          workload=GenWorkload(prompts=o["tokens"], input_len=16, output_len=16),
                          layout=GenLayout(tp=o["tp"], replicas=1))
-        from perfpredict.predictor.generate import Schedule
-
         s = Schedule(requests=o["tokens"], batch=float(o["tokens"]), waves=1, decode_steps=1, ctx=16.0,
                      prefill_tokens=16.0, chunk_tokens=16.0, prefill_chunks=1, kv_pressure=0.0)
-        for k in _kernel_rows(sc, s, i):
+        for k in kernel_rows(sc, s, i):
             if k["part"] == "decode" and k["op"] in ("gemm", "rmsnorm", "swiglu", "add") and k.get("m", 1) != 0:
                 if k["op"] == "gemm" and k["n"] == max(1, o["_m"].vocab // o["tp"]):
                     continue  # the output head is not in Vidur's per-layer table
