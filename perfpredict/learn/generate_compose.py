@@ -5,9 +5,10 @@ Per replica (replicas split the prompts evenly and run side by side; the slowest
    ceil(prompts / replicas) x n requests; concurrency B = min(max_num_seqs, R, KV pool tokens / (input +
    output/2)) -- blocks are taken as tokens grow, so a request holds on average its prompt and half its output;
    ceil(R / B) waves of `output_len` decode steps at batch R / waves over a mean context of input + output/2.
-   Prefill: R x input tokens less prefix-cache hits (samples 2..n of a prompt reuse its full blocks; prompts after
-   the first reuse the shared prefix's full blocks), in chunks of max_num_batched_tokens.
-2. Step times from the kernel models (predictor.kernels, public KernelModel.predict): per layer the four GEMMs at
+   Prefill: R x input tokens less prefix-cache hits (features.generate.prefix_cache_hit_tokens: samples 2..n of a
+   prompt reuse its full blocks; the first sample of later prompts the shared prefix's; never the last token), in
+   chunks of max_num_batched_tokens.
+2. Step times from the kernel models (learn.kernels, public KernelModel.predict): per layer the four GEMMs at
    m = batch (decode: skinny) or chunk tokens (prefill), attention (decode: K/V read over the context as a
    memory-bound op; prefill: the attention family), norms/activation/residual, two TP all-reduces; the output head
    and, with TP, the logits gather. Pipeline parallelism: pp micro-batches of B/pp in flight, each through L/pp
@@ -33,6 +34,7 @@ from perfpredict.features.generate import (
     is_cpu,
     kv_capacity,
     kv_heads_per_rank,
+    prefix_cache_hit_tokens,
 )
 
 GPU_STEP_OVERHEAD_S = 1.5e-3  # estimate: V1 scheduler + sampler + CUDA-graph launch per step, not measured here
@@ -64,8 +66,8 @@ def schedule(sc: GenScenario, cap: KVCapacity) -> Schedule:
     bs = cap.block_size
     hits = 0
     if lay.prefix_caching:
-        hits = prompts * (w.samples_per_prompt - 1) * (w.input_len // bs) * bs
-        hits += (prompts - 1) * w.samples_per_prompt * (w.shared_prefix_len // bs) * bs
+        hits = prefix_cache_hit_tokens(prompts=prompts, samples_per_prompt=w.samples_per_prompt,
+                                       input_len=w.input_len, shared_prefix_len=w.shared_prefix_len, block_size=bs)
     pre = max(R * w.input_len - hits, R)
     # Preemption (V1 recompute): the scheduler admits a request while the pool holds its prompt's blocks, so up to
     # pool / prompt requests start, more than the pool sustains to the end (pool / (input + output)); as they grow
