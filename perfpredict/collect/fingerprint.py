@@ -3,8 +3,11 @@
 Both are plain dicts, JSON-stringified into the `hardware_fingerprint` and `software` provenance columns, so a
 row can be traced to the box and the stack that produced it. `short_hash` names the dataset folder
 (datasets/ours/<hash>/): it hashes only the hardware fields that change what is measured (device, count, memory,
-CPU model, cores), not versions, so upgrading torch keeps writing into the same folder (the software column still
-tells the rows apart)."""
+CPU model, cores, and on CPUs the vector ISA), not versions, so upgrading torch keeps writing into the same folder
+(the software column still tells the rows apart). The ISA is in the hash because "Intel(R) Xeon(R) Processor" under
+KVM names hosts with and without AVX512-BF16/AMX: generate.parquet in cpu-1c363b9f53 came from an AMX host (2.6 GHz)
+while that folder's probes and runs came from an AVX-512F one (2.3 GHz), and vLLM's CPU kernels differ by several
+times between them."""
 
 from __future__ import annotations
 
@@ -172,6 +175,8 @@ def short_hash(fp: dict[str, Any] | None = None) -> str:
     fp = fp or hardware_fingerprint()
     keys = ("device", "device_count", "cpu_model", "cpu_cores", "memory_gib")
     stable = {k: fp.get(k) for k in keys}
+    if fp.get("device") == "cpu":
+        stable["cpu_flags"] = sorted(fp.get("cpu_flags") or [])
     stable["gpu_memory"] = [g.get("memory_gib") for g in fp.get("gpus", [])]
     text = json.dumps(stable, sort_keys=True)
     return f"{hardware_name()}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
