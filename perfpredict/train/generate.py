@@ -26,6 +26,11 @@ from perfpredict.learn.generate_compose import Schedule, compose, default_kernel
 from perfpredict.learn.generate_model import GenerationModel
 
 CONFIG_KEYS = ("engine_key", "workload_index")
+CHOICES = ("CPU core-sharing constants (learn.generate_model COMPUTE_EXTRA_CORES 0.5, HOST_EXTRA_CORES 3.0) chosen on "
+           "validation folds over the training shapes only (leave-one-shape-out and leave-one-layout-out); the "
+           "held-out shapes are the untouched test partition; the held-out layout splits share layouts with those "
+           "validation folds. Prefix-cache hits follow vLLM's rule (features.generate.prefix_cache_hit_tokens), "
+           "checked against the engine's counter, not tuned.")
 HELD_OUT_SHAPES = ("l4-h768-a12-kv4-v32k", "l12-h256-a4-kv4-v8k")
 
 
@@ -96,20 +101,27 @@ def _predict(model: GenerationModel, comp: pl.DataFrame) -> pl.DataFrame:
 
 
 def best_layout_agreement(pred: pl.DataFrame) -> dict[str, float]:
-    """Per (group, workload) measured under >= 2 layouts: is the predicted best the measured best, or within 5 %?"""
-    hits, near, n, regret = 0, 0, 0, []
+    """Per (group, workload) measured under >= 2 layouts: is the predicted best the measured best, or within 5 %?
+
+    `best_within_noise` also accepts a pick whose measured throughput is below the best by no more than the two
+    configurations' own repeat spread (2 x repeat CV each, i.e. about |repeat 2 / repeat 1 - 1|): there the
+    measurement cannot tell which layout is faster."""
+    hits, near, noise, n, regret = 0, 0, 0, 0, []
     for _, g in pred.group_by("group_id", "workload_index"):
         if g.height < 2:
             continue
         n += 1
         pb = g.sort("pred_tps", descending=True).row(0, named=True)
-        mb = g["output_tokens_per_s"].max()
+        best = g.sort("output_tokens_per_s", descending=True).row(0, named=True)
+        mb = best["output_tokens_per_s"]
         hits += int(pb["output_tokens_per_s"] == mb)
         near += int(pb["output_tokens_per_s"] >= 0.95 * mb)
+        spread = 2 * max(pb.get("repeat_cv") or 0.0, best.get("repeat_cv") or 0.0)
+        noise += int(pb["output_tokens_per_s"] >= (1 - max(0.05, spread)) * mb)
         regret.append(1 - pb["output_tokens_per_s"] / mb)
     nan = float("nan")
     return {"cases": n, "best_exact": hits / n if n else nan, "best_within_5pct": near / n if n else nan,
-            "mean_regret": float(np.mean(regret)) if regret else nan}
+            "best_within_noise": noise / n if n else nan, "mean_regret": float(np.mean(regret)) if regret else nan}
 
 
 def _score(comp: pl.DataFrame, tr: pl.Expr, te: pl.Expr, seed: int) -> tuple[pl.DataFrame, pl.DataFrame] | None:
@@ -169,7 +181,7 @@ def evaluate(root: Path | str = "datasets", *, seed: int = 0) -> dict[str, Any]:
     full = fit(comp, seed=seed)
     full.training_ = {"rows": comp.height, "raw_rows": raw.height, "shapes": sorted(comp["model_shape"].unique()),
                       "repeat_cv_median": float(comp["repeat_cv"].drop_nulls().median() or 0.0)}
-    return {"splits": results, "kv_capacity": {"engines": len(kv_err), "max_rel_err": float(kv_err.max()),
+    return {"splits": results, "choices": CHOICES, "kv_capacity": {"engines": len(kv_err), "max_rel_err": float(kv_err.max()),
                                                "mean_rel_err": float(kv_err.mean())},
             "rows": raw.height, "configs": comp.height, "ok_rows": raw.filter(pl.col("outcome") == "ok").height,
             "repeat_cv_median": full.training_["repeat_cv_median"], "model": full}
