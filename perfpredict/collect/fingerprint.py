@@ -150,9 +150,12 @@ def software_fingerprint() -> dict[str, Any]:
 
 
 def hardware_name() -> str:
-    """The GPU catalog name for the device measurements run on ("cpu" on CPU)."""
+    """The GPU catalog name for the device measurements run on. On a CPU, the catalog entry that describes this
+    host (same cpu_model and vector ISA: core.catalog.cpu_hardware_for), else the generic "cpu"."""
     if not torch.cuda.is_available():
-        return "cpu"
+        from perfpredict.core.catalog import cpu_hardware_for
+
+        return cpu_hardware_for(hardware_fingerprint()) or "cpu"
     name = torch.cuda.get_device_name(0)
     if name in GPU_CATALOG_NAMES:
         return GPU_CATALOG_NAMES[name]

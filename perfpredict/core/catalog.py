@@ -71,3 +71,23 @@ def get_model(name_or_path: str) -> ModelSpec:
 
         return model_from_hf_config(p)
     raise unknown("model", name_or_path, cat)
+
+
+@cache
+def cpu_names() -> frozenset[str]:
+    """Catalog names of CPU hosts (vendor "cpu"): where the CPU rules (launch floor, latency, TRL's torch head)
+    apply, whichever host it is."""
+    return frozenset(n for n, g in gpu_catalog().items() if g.is_cpu)
+
+
+def cpu_hardware_for(fingerprint: dict) -> str | None:
+    """The catalog entry describing the CPU host a hardware fingerprint (collect.fingerprint) came from: same
+    cpu_model and the same vector ISA flags. None when no entry describes it."""
+    if not isinstance(fingerprint, dict) or fingerprint.get("device") != "cpu":
+        return None
+    isa = tuple(sorted(fingerprint.get("cpu_flags") or ()))
+    for n, g in sorted(gpu_catalog().items()):
+        if g.is_cpu and g.host_cpu_model == fingerprint.get("cpu_model") and g.host_isa == isa:
+            return n
+    return None
+

@@ -32,6 +32,10 @@ class GPUSpec:
     pcie_gb_per_s: float = 0.0
     sources: tuple[str, ...] = field(default=())
     notes: str = ""
+    # CPU hosts only: which measuring machine this entry describes (the fingerprint's cpu_model and its vector ISA
+    # flags), so rows from different hosts are told apart by what measured them (core.catalog.cpu_hardware_for).
+    host_cpu_model: str = ""
+    host_isa: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         check_str("gpu name", self.name)
@@ -43,6 +47,12 @@ class GPUSpec:
         check_int(f"gpu {self.name!r}: sms", self.sms, 0, 1 << 20)
         require(isinstance(self.sources, (list, tuple)), f"gpu {self.name!r}: sources must be a list")
         object.__setattr__(self, "sources", tuple(self.sources))
+        require(isinstance(self.host_isa, (list, tuple)), f"gpu {self.name!r}: host_isa must be a list")
+        object.__setattr__(self, "host_isa", tuple(sorted(self.host_isa)))
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.vendor == "cpu"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

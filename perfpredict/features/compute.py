@@ -10,6 +10,13 @@ import polars as pl
 c = pl.col
 
 
+def on_cpu(name: pl.Expr | None = None) -> pl.Expr:
+    """Rows on a CPU host (any catalog entry of vendor "cpu"), from the hardware name column (default g_name)."""
+    from perfpredict.core.catalog import cpu_names
+
+    return (pl.col("g_name") if name is None else name).is_in(sorted(cpu_names()))
+
+
 def forward_passes() -> pl.Expr:
     """Forward passes through the layers per micro-batch: the policy's, full recompute's repeat, the live (or
     offloaded) reference's, and the trainer's extra ones (features.trl: KTO's KL batch)."""
@@ -111,7 +118,7 @@ def placement(df: pl.DataFrame) -> pl.DataFrame:
     """Which links each group crosses, with Megatron's rank order (tp fastest, then cp, dp, pp)."""
     gpn = c("c_gpus_per_node")
     inner_dp = c("p_tp") * c("p_cp") * c("p_dp")
-    cpu = c("g_name") == "cpu"
+    cpu = on_cpu()
     return df.with_columns(
         d_tp_cross_node=(c("p_tp") > gpn),
         d_dp_cross_node=(inner_dp > gpn),
@@ -130,7 +137,7 @@ def analytic_time(df: pl.DataFrame) -> pl.DataFrame:
     pp = c("p_pp").cast(pl.Float64)
     m = c("p_grad_accum").cast(pl.Float64) * c("p_vstages")
     bubble = pl.when(c("p_pp") > 1).then((pp - 1.0) / (m + pp - 1.0)).otherwise(0.0)
-    pcie = pl.when(c("g_name") == "cpu").then(10.0).otherwise(32.0) * 1e9
+    pcie = pl.when(on_cpu()).then(10.0).otherwise(32.0) * 1e9
     return df.with_columns(
         # The fullest pipeline stage sets the pace: an uneven split runs at its largest stage's share.
         d_compute_s=c("d_flops_per_gpu") / peak * c("d_layers_max") * c("p_pp") / c("m_layers"),

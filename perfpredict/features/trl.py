@@ -50,6 +50,7 @@ import polars as pl
 
 from perfpredict.core.errors import require
 from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE
+from perfpredict.features.compute import on_cpu
 
 c = pl.col
 
@@ -159,7 +160,7 @@ def head_passes(df: pl.DataFrame) -> pl.DataFrame:
     # (_forward_tile / _backward_tile): replayed on this CPU against F.cross_entropy forward+backward over the same
     # [N, V] (N 258-2032, V 2k-32k), the policy's fold costs 3.6-5.6 of those beyond its four tile GEMMs, a no-grad
     # forward's 0.8-1.2. In those units (the cross_entropy fwd_bwd probe), for the composition.
-    cpu = c("g_name") == "cpu"
+    cpu = on_cpu()
     fold = pl.when(trl & fused & cpu).then(
         CPU_FOLD_POLICY_CE + CPU_FOLD_NOGRAD_CE * (ref_fwd + nograd)).otherwise(0.0)
     return df.with_columns(
@@ -185,7 +186,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     trl = is_trl() & c("w_objective").is_in(list(TRAINERS))
     fp32 = c("w_precision") == "fp32"
     ab = pl.when(fp32).then(4.0).otherwise(2.0)  # compute dtype bytes (autocast or the parameters' own)
-    cpu = c("g_name") == "cpu"
+    cpu = on_cpu()
     grad_seqs = _rule("grad_seqs", 2.0)
     s = c("w_seq_len").cast(pl.Float64)
     n_tok = c("p_micro_batch").cast(pl.Float64) * grad_seqs * s

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfpredict.features.compute import forward_passes
+from perfpredict.features.compute import forward_passes, on_cpu
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.learn.hardware_frame import hardware_table
@@ -243,14 +243,14 @@ def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
 
 def launch_floor_s(hardware: pl.Expr, floors: dict[str, float]) -> pl.Expr:
     """Host dispatch and launch time per kernel, by device class."""
-    return pl.when(hardware == "cpu").then(floors["cpu"]).otherwise(floors["gpu"])
+    return pl.when(on_cpu(hardware)).then(floors["cpu"]).otherwise(floors["gpu"])
 
 
 def fit_launch_floor(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray) -> dict[str, float]:
     """The per-kernel launch cost of each device class that best explains measured steps (median |log ratio| of
     measured to composed, over a grid). A class without measured steps keeps the default."""
     floors = dict(LAUNCH_FLOOR_S)
-    cls = np.where(desc["g_name"].to_numpy() == "cpu", "cpu", "gpu")
+    cls = np.where(desc.select(on_cpu()).to_series().to_numpy(), "cpu", "gpu")
     for k in ("gpu", "cpu"):
         idx = cls == k
         if idx.sum() < 20:
@@ -332,7 +332,7 @@ def fit_trl_calibration(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarra
 
 def _trl_cpu() -> pl.Expr:
     """The plans TRL_CALIBRATION applies to: TRL on CPU, where it was measured."""
-    return is_trl() & (c("g_name") == "cpu")
+    return is_trl() & on_cpu()
 
 
 def _deepspeed_steps() -> pl.Expr:

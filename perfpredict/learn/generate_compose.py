@@ -39,6 +39,7 @@ from perfpredict.features.generate import (
 
 GPU_STEP_OVERHEAD_S = 1.5e-3  # estimate: V1 scheduler + sampler + CUDA-graph launch per step, not measured here
 
+
 @dataclass(frozen=True)
 class Schedule:
     requests: int          # per replica

@@ -19,7 +19,9 @@ import numpy as np
 import polars as pl
 from scipy.spatial import cKDTree
 
+from perfpredict.core.catalog import cpu_names
 from perfpredict.core.frameworks import TRL_FRAMEWORKS
+from perfpredict.features.compute import on_cpu
 from perfpredict.learn.gb import GBRegressor
 
 c = pl.col
@@ -65,7 +67,7 @@ def _plan_features() -> list[pl.Expr]:
         c("p_schedule").replace_strict(SCHEDULE_CODES, default=0.0, return_dtype=pl.Float64).alias("f_schedule"),
         _log(c("p_vstages")).alias("f_log_vstages"),
         *[(c("p_framework") == fw).cast(pl.Float64).alias(f"f_fw_{fw}") for fw in FRAMEWORK_CODES],
-        (c("g_name") == "cpu").cast(pl.Float64).alias("f_is_cpu"),
+        on_cpu().cast(pl.Float64).alias("f_is_cpu"),
         c("d_tp_cross_node").cast(pl.Float64).alias("f_tp_cross"),
         c("d_dp_cross_node").cast(pl.Float64).alias("f_dp_cross"),
         c("d_pp_cross_node").cast(pl.Float64).alias("f_pp_cross"),
@@ -147,7 +149,7 @@ class Correction:
 
     def _domain_key(self, framework: str, hardware: str, multi_node: bool) -> str:
         if self.domain == "device":
-            device = "cpu" if hardware == "cpu" else "gpu"
+            device = "cpu" if hardware in cpu_names() else "gpu"
             return f"trl:{device}" if FAMILY.get(framework) == "trl" else device
         # Crossing nodes changes the communication regime (NVLink -> the network); a correction learned on one
         # node said the wrong thing about several: the playbook's single-node pp-8 runs are 3-4x slower than
