@@ -66,10 +66,6 @@ SHAPES: dict[str, GenShape] = {s.key: s for s in [
     GenShape("l6-h384-a6-kv6-v4k", 6, 384, 6, 6, 1024, 4096),
     GenShape("l4-h768-a12-kv4-v32k", 4, 768, 12, 4, 2048, 32000),
     GenShape("l12-h256-a4-kv4-v8k", 12, 256, 4, 4, 688, 8192),
-    # Added with the per-workload prefix-cache reset (seed 2): widths and depths between the ones above.
-    GenShape("l6-h512-a8-kv4-v16k", 6, 512, 8, 4, 1376, 16384),
-    GenShape("l3-h640-a10-kv2-v8k", 3, 640, 10, 2, 1728, 8192),
-    GenShape("l10-h384-a6-kv2-v32k", 10, 384, 6, 2, 1024, 32000),
 ]}
 # (tp, replicas) layouts of a 2-core machine; each rank gets one core.
 LAYOUTS = ((1, 1), (2, 1), (1, 2))

@@ -90,4 +90,3 @@ def cpu_hardware_for(fingerprint: dict) -> str | None:
         if g.is_cpu and g.host_cpu_model == fingerprint.get("cpu_model") and g.host_isa == isa:
             return n
     return None
-

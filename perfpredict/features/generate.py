@@ -167,4 +167,3 @@ def prefix_cache_hit_tokens(*, prompts: int, samples_per_prompt: int, input_len:
     full = cap // block_size * block_size
     shared = min(shared_prefix_len, cap) // block_size * block_size
     return prompts * (samples_per_prompt - 1) * full + max(prompts - 1, 0) * shared
-
