@@ -181,8 +181,9 @@ def evaluate(root: Path | str = "datasets", *, seed: int = 0) -> dict[str, Any]:
     full = fit(comp, seed=seed)
     full.training_ = {"rows": comp.height, "raw_rows": raw.height, "shapes": sorted(comp["model_shape"].unique()),
                       "repeat_cv_median": float(comp["repeat_cv"].drop_nulls().median() or 0.0)}
-    return {"splits": results, "choices": CHOICES, "kv_capacity": {"engines": len(kv_err), "max_rel_err": float(kv_err.max()),
-                                               "mean_rel_err": float(kv_err.mean())},
+    return {"splits": results, "choices": CHOICES,
+            "kv_capacity": {"engines": len(kv_err), "max_rel_err": float(kv_err.max()),
+                            "mean_rel_err": float(kv_err.mean())},
             "rows": raw.height, "configs": comp.height, "ok_rows": raw.filter(pl.col("outcome") == "ok").height,
             "repeat_cv_median": full.training_["repeat_cv_median"], "model": full}
 
