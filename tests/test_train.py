@@ -105,6 +105,14 @@ def test_bogus_split_is_one_line(small_data):
     assert r.exit_code == 2 and "unknown split/variant" in r.output
 
 
+def test_split_without_training_rows_is_one_line(small_data):
+    # The playbook alone, leave-one-model-out: its 8B is the test partition and the 1B is held out, so nothing is
+    # left to train on.
+    r = runner.invoke(app, ["evaluate", "--data", str(small_data), "--source", "ultrascale_playbook",
+                            "--split", "model"])
+    assert r.exit_code == 2 and "leaves both training and held-out rows" in r.output, r.output
+
+
 def test_every_label_was_measured():
     """Nothing in any training label comes from our formulas: each runs row names a measured source and the
     command that produced it."""

@@ -183,12 +183,22 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
     preds = []
     for v in variants:
         if v not in VARIANTS:
-            raise ValueError(f"unknown variant {v!r}; known: {sorted(VARIANTS)}")
+            from perfpredict.core.errors import PerfPredictError
+
+            raise PerfPredictError(f"unknown variant {v!r}; known: {', '.join(sorted(VARIANTS))}")
         for split in splits:
             rows = runs if split == "largest" else dev
             preds.append(held_out(rows, probes, split=split, seed=seed, kernels=kernels, variant=VARIANTS[v],
                                   progress=progress))
-    pred = pl.concat([p for p in preds if p.height], how="diagonal_relaxed")
+    preds = [p for p in preds if p.height]
+    if not preds:
+        from perfpredict.core.errors import PerfPredictError
+
+        raise PerfPredictError(f"no split in {list(splits)} leaves both training and held-out rows for "
+                               f"{'source(s) ' + ', '.join(sources) if sources else 'these runs'} (the largest model "
+                               "of each source is the test partition, scored only by --split largest); add --split "
+                               "largest or more sources")
+    pred = pl.concat(preds, how="diagonal_relaxed")
     return {"metrics": metrics(pred, ("variant", "split", "source")), "metrics_trl": metrics_trl(pred),
             "predictions": pred}
 
