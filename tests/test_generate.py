@@ -142,6 +142,21 @@ def test_correction_is_bounded_out_of_domain():
     assert abs(ratio[0]) <= max(abs(model.clip_[0]), abs(model.clip_[1])) * 0.05 + 1e-9
 
 
+def test_unmeasured_cpu_host_gets_no_correction_and_a_wider_interval():
+    """The generation rows came from one CPU host; another (cpu-epyc-avx2, whose vLLM ran 33 output tokens/s where
+    the model says 18) is outside what was measured, like a GPU: no correction, a 3x wider interval."""
+    model = default_model()
+    assert model.hardware_ == ("cpu",)
+    m = ModelSpec(name="l4", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=8192)
+    scs = [GenScenario(model=m, cluster=Cluster(gpu=get_gpu(g), gpus_per_node=2),
+                       workload=GenWorkload(prompts=32, input_len=128, output_len=64),
+                       layout=GenLayout(tp=1, replicas=1, kv_space_gib=1.0)) for g in ("cpu", "cpu-epyc-avx2")]
+    comp = compose(scs)
+    wall, lo, hi = model.predict_wall(comp)
+    assert wall[1] == pytest.approx(model.base(comp)[1])
+    assert np.log(hi[1] / lo[1]) == pytest.approx(3 * np.log(hi[0] / lo[0]))
+
+
 def test_rank_generate_cli_table_json_emit(tmp_path):
     args = ["rank", "--phase", "generate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--gpus", "8",
             "--prompts", "2000", "--samples-per-prompt", "4", "--input-len", "512", "--output-len", "512"]

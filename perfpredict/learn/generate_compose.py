@@ -205,6 +205,7 @@ def compose(scs: list[GenScenario], *, kernels=None) -> pl.DataFrame:
         row: dict[str, Any] = {"fits": cap.fits, "reason": cap.reason, "kv_capacity_tokens": cap.logged_tokens,
                                "kv_pool_tokens": cap.pool_tokens, "kv_blocks": cap.num_blocks,
                                "weights_gib_per_rank": cap.weights_bytes / 2**30, "is_cpu": is_cpu(sc.cluster.gpu),
+                               "hardware": sc.cluster.gpu.name,
                                # CPU only: replicas x (tp compute cores + host cores) vs the cores (see _terms)
                                "ranks_per_replica": lay.tp * lay.pp, "replicas": lay.replicas,
                                "cores": sc.cluster.gpus}

@@ -6,8 +6,9 @@ replicas x (tp + 0.5) exceed the cores) + c_step x steps + c_token x tokens (hos
 (tp + 3) exceed them), by non-negative least squares on relative error: the engine's per-step scheduling and
 per-token bookkeeping that kernel timings do not show. Then a small gradient-boosted correction of log(measured /
 that), clipped to the range of its training residuals and shrunk to zero outside the training domain (distance past
-each feature's seen range), so it cannot run away where it has no data. On GPUs, which no vLLM row here covers, the
-correction is zero and the step overhead a stated estimate (GPU_STEP_OVERHEAD_S)."""
+each feature's seen range), so it cannot run away where it has no data. On hardware no vLLM row here covers (GPUs,
+other CPU hosts) the correction is zero and the interval wider (predict_wall); on GPUs the step overhead is a stated
+estimate (GPU_STEP_OVERHEAD_S)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ class GenerationModel:
             raise PerfPredictError("the generation correction is fitted on CPU vLLM rows only")
         coef, _ = nnls(self._terms(comp) / wall_s[:, None], np.ones(len(wall_s)))
         self.coef_ = tuple(float(x) for x in coef)
+        self.hardware_ = tuple(sorted(set(comp["hardware"].to_list())))
         base = self.base(comp)
         X = self._X(comp, base)
         y = np.log10(wall_s / base)
@@ -103,23 +105,28 @@ class GenerationModel:
         return np.exp(-3.0 * d.sum(axis=1))
 
     def predict_wall(self, comp: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Predicted wall seconds, and a 90% interval (lower, upper) from the held-in residual quantiles."""
+        """Predicted wall seconds, and a 90% interval (lower, upper) from the held-in residual quantiles.
+
+        On hardware no training row ran on (GPUs, and CPU hosts other than the measured one) the correction is off
+        and the interval three times as wide: the linear layer there carries the measured host's ratio of vLLM's
+        kernels to our probes, which another host need not share (an AVX2-only EPYC generated 33 output tokens/s
+        where this predicts 18 for its one measured workload)."""
         base = self.base(comp)
         X = self._X(comp, base)
         corr = np.clip(self.gb_.predict(X), *self.clip_) * self.shrink(X)
-        cpu = comp["is_cpu"].to_numpy().astype(bool)
-        corr = np.where(cpu, corr, 0.0)
+        seen = comp["hardware"].is_in(list(self.hardware_)).to_numpy()
+        corr = np.where(seen, corr, 0.0)
         wall = base * 10.0 ** corr
         lo, hi = self.interval_
-        widen = np.where(cpu, 1.0, 3.0)  # no vLLM measurement on GPUs: say so in the interval
+        widen = np.where(seen, 1.0, 3.0)
         return wall, wall * 10.0 ** (lo * widen), wall * 10.0 ** (hi * widen)
 
     def save(self, out: Path | str = MODEL_DIR) -> Path:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.gb_.save_model(out / "correction.json")
-        meta = {"kind": "perfpredict.generation", "version": 6, "features": list(FEATURES), "coef": self.coef_,
-                "host_cores": list(self.host_cores_),
+        meta = {"kind": "perfpredict.generation", "version": 7, "features": list(FEATURES), "coef": self.coef_,
+                "host_cores": list(self.host_cores_), "hardware": list(self.hardware_),
                 "lo": self.lo_.tolist(), "hi": self.hi_.tolist(), "clip": self.clip_, "interval": self.interval_,
                 "training": getattr(self, "training_", {})}
         (out / "metadata.json").write_text(json.dumps(meta, indent=1))
@@ -135,11 +142,12 @@ class GenerationModel:
         except (OSError, json.JSONDecodeError) as e:
             raise PerfPredictError(f"no generation model at {path}: {e}; train it with "
                                    "`perfpredict evaluate --phase generate --save`") from None
-        if (meta.get("kind") != "perfpredict.generation" or meta.get("version") != 6
+        if (meta.get("kind") != "perfpredict.generation" or meta.get("version") != 7
                 or meta.get("features") != list(FEATURES)):
             raise PerfPredictError(f"{path} holds a generation model for other features; retrain it")
         m = cls()
         m.coef_ = tuple(meta["coef"])
+        m.hardware_ = tuple(meta["hardware"])
         m.host_cores_ = tuple(float(x) for x in meta["host_cores"])
         m.lo_, m.hi_ = np.array(meta["lo"]), np.array(meta["hi"])
         m.clip_, m.interval_ = tuple(meta["clip"]), tuple(meta["interval"])
