@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,9 @@ class Bundle:
 
 def default_path() -> Path:
     return Path(str(resources.files("perfpredict") / "predictor" / "default"))
+
+
+@cache
+def default_kernels() -> KernelModel:
+    """The shipped predictor's kernel models (loaded once)."""
+    return Bundle.load(default_path()).kernels

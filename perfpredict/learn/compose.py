@@ -291,12 +291,13 @@ def canonical_frame(desc: pl.DataFrame) -> pl.DataFrame:
 
 
 def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str, float] | None = None,
-            canonical: bool = True) -> pl.DataFrame:
+            trl_calibration: dict[str, float] | None = None, canonical: bool = True) -> pl.DataFrame:
     """Adds k_<part>_s for each part and k_step_s (the composed step time) to a descriptor frame, and (with
     `canonical`) kc_<part>_frac, the shares of the canonical plan's composed step (see canonical_frame). The
-    launch floor is the one fitted with the kernels (`kernels.launch_floor_s_`), else the default."""
+    launch floor and the TRL calibration are the ones fitted with the kernels (`kernels.launch_floor_s_`,
+    `kernels.trl_calibration_`) unless given, else the defaults."""
     floors = launch_floor or getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S
-    cal = {**TRL_CALIBRATION, **(getattr(kernels, "trl_calibration_", None) or {})}
+    cal = {**TRL_CALIBRATION, **(trl_calibration or getattr(kernels, "trl_calibration_", None) or {})}
     out = _compose(desc, kernels, floors, cal)
     if not canonical:
         return out

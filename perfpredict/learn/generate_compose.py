@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ from perfpredict.features.generate import (
     kv_heads_per_rank,
     prefix_cache_hit_tokens,
 )
+from perfpredict.learn.bundle import default_kernels
 
 GPU_STEP_OVERHEAD_S = 1.5e-3  # estimate: V1 scheduler + sampler + CUDA-graph launch per step, not measured here
 
@@ -163,11 +163,15 @@ def _monotone_collectives(kdf: pl.DataFrame, kernels) -> np.ndarray:
     return t
 
 
-@cache
-def default_kernels():
-    from perfpredict.learn.bundle import Bundle, default_path
-
-    return Bundle.load(default_path()).kernels
+def kernel_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """kernel_rows as the frame KernelModel.predict reads: every shape column present, as integers."""
+    kdf = pl.DataFrame(rows, infer_schema_length=None)
+    for col in ("m", "n", "k", "batch", "heads", "kv_heads", "seq_len", "head_dim", "numel", "bytes", "world_size",
+                "ranks_per_node"):
+        if col not in kdf.columns:
+            kdf = kdf.with_columns(pl.lit(None, dtype=pl.Int64).alias(col))
+        kdf = kdf.with_columns(pl.col(col).cast(pl.Int64))
+    return kdf
 
 
 def compose(scs: list[GenScenario], *, kernels=None) -> pl.DataFrame:
@@ -189,12 +193,7 @@ def compose(scs: list[GenScenario], *, kernels=None) -> pl.DataFrame:
             rows.extend(kernel_rows(sc, s, i))
     per = {}
     if rows:
-        kdf = pl.DataFrame(rows, infer_schema_length=None)
-        for col in ("m", "n", "k", "batch", "heads", "kv_heads", "seq_len", "head_dim", "numel", "bytes",
-                    "world_size", "ranks_per_node"):
-            if col not in kdf.columns:
-                kdf = kdf.with_columns(pl.lit(None, dtype=pl.Int64).alias(col))
-            kdf = kdf.with_columns(pl.col(col).cast(pl.Int64))
+        kdf = kernel_frame(rows)
         t = _monotone_collectives(kdf, kernels)
         kdf = kdf.with_columns(t_s=pl.Series(t) * pl.col("mult"))
         agg = kdf.group_by("scenario", "part").agg(pl.col("t_s").sum())

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 from scipy.stats import spearmanr
 
+from perfpredict.core.errors import PerfPredictError
 from perfpredict.features.trl import is_trl, trl_mode
 from perfpredict.learn.compose import compose
 from perfpredict.learn.kernels import KernelModel
@@ -170,8 +171,6 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
     if sources:
         unknown = sorted(set(sources) - set(runs["source"].unique().to_list()))
         if unknown:
-            from perfpredict.core.errors import PerfPredictError
-
             raise PerfPredictError(f"no runs of source(s) {unknown} under {str(data)!r}; present: "
                                    f"{', '.join(sorted(runs['source'].unique().to_list()))}")
         runs = runs.filter(c("source").is_in(list(sources)))
@@ -183,8 +182,6 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
     preds = []
     for v in variants:
         if v not in VARIANTS:
-            from perfpredict.core.errors import PerfPredictError
-
             raise PerfPredictError(f"unknown variant {v!r}; known: {', '.join(sorted(VARIANTS))}")
         for split in splits:
             rows = runs if split == "largest" else dev
@@ -192,8 +189,6 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
                                   progress=progress))
     preds = [p for p in preds if p.height]
     if not preds:
-        from perfpredict.core.errors import PerfPredictError
-
         raise PerfPredictError(f"no split in {list(splits)} leaves both training and held-out rows for "
                                f"{'source(s) ' + ', '.join(sources) if sources else 'these runs'} (the largest model "
                                "of each source is the test partition, scored only by --split largest); add --split "
@@ -263,22 +258,19 @@ def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl
     from perfpredict.train.data import load_trl
 
     if kernels is None:
-        from perfpredict.learn.bundle import Bundle, default_path
+        from perfpredict.learn.bundle import default_kernels
 
-        kernels = Bundle.load(default_path()).kernels
+        kernels = default_kernels()
     d = describe_trl(load_trl(data))
     largest = d["m_params"].max()
     t = time_rows(d)
     y, shape, params = t["step_time_s"].to_numpy(), t["m_name"].to_numpy(), t["m_params"].to_numpy()
     pred = np.full(len(y), np.nan)
-    orig = getattr(kernels, "trl_calibration_", None)
-    try:
-        for s_ in np.unique(shape):
-            te, tr = shape == s_, (shape != s_) & (params != largest)
-            kernels.trl_calibration_ = fit_trl_calibration(t.filter(pl.Series(tr)), kernels, y[tr])
-            pred[te] = compose(t.filter(pl.Series(te)), kernels, canonical=False)["k_step_s"].to_numpy()
-    finally:
-        kernels.trl_calibration_ = orig
+    for s_ in np.unique(shape):
+        te, tr = shape == s_, (shape != s_) & (params != largest)
+        cal = fit_trl_calibration(t.filter(pl.Series(tr)), kernels, y[tr])
+        pred[te] = compose(t.filter(pl.Series(te)), kernels, trl_calibration=cal,
+                           canonical=False)["k_step_s"].to_numpy()
     t = t.with_columns(_comp=pl.Series(pred))
     m = memory_rows(d)
     rows = []

@@ -22,7 +22,8 @@ from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
-from perfpredict.learn.generate_compose import Schedule, compose, default_kernels, kernel_rows
+from perfpredict.learn.bundle import default_kernels
+from perfpredict.learn.generate_compose import Schedule, compose, kernel_frame, kernel_rows
 from perfpredict.learn.generate_model import GenerationModel
 
 CONFIG_KEYS = ("engine_key", "workload_index")
@@ -221,7 +222,7 @@ def vidur_decode_layer_check(root: Path | str, *, tokens: tuple[int, ...] = (1, 
                         "measured_s": measured, "_m": m})
     if not out:
         raise PerfPredictError("no usable vidur rows")
-    rows, keys = [], []
+    rows = []
     for i, o in enumerate(out):
         sc = GenScenario(model=o["_m"], cluster=Cluster(gpu=get_gpu(o["gpu"]), gpus_per_node=8),
                          workload=GenWorkload(prompts=o["tokens"], input_len=16, output_len=16),
@@ -233,13 +234,7 @@ def vidur_decode_layer_check(root: Path | str, *, tokens: tuple[int, ...] = (1, 
                 if k["op"] == "gemm" and k["n"] == max(1, o["_m"].vocab // o["tp"]):
                     continue  # the output head is not in Vidur's per-layer table
                 rows.append(k)
-        keys.append(i)
-    kdf = pl.DataFrame(rows, infer_schema_length=None)
-    for col in ("m", "n", "k", "batch", "heads", "kv_heads", "seq_len", "head_dim", "numel", "bytes", "world_size",
-                "ranks_per_node"):
-        if col not in kdf.columns:
-            kdf = kdf.with_columns(pl.lit(None, dtype=pl.Int64).alias(col))
-        kdf = kdf.with_columns(pl.col(col).cast(pl.Int64))
+    kdf = kernel_frame(rows)
     t = default_kernels().predict(kdf.drop("scenario", "part", "mult"))
     comp = kdf.with_columns(t=pl.Series(t) * pl.col("mult")).group_by("scenario").agg(pl.col("t").sum())
     by = dict(zip(comp["scenario"].to_list(), comp["t"].to_list(), strict=True))
