@@ -164,15 +164,15 @@ def _tree_cpu_s() -> float:
 
 class _Load:
     def __init__(self) -> None:
-        from perfpredict.collect.timing import _busy_cpu_s, _steal_cpu_s
+        from perfpredict.collect.timing import _busy_cpu_s, _steal_cpu_s, cores_over
 
-        self._busy, self._steal = _busy_cpu_s, _steal_cpu_s
+        self._busy, self._steal, self._cores = _busy_cpu_s, _steal_cpu_s, cores_over
         self.t0, self.b0, self.s0, self.o0 = time.monotonic(), _busy_cpu_s(), _steal_cpu_s(), _tree_cpu_s()
 
     def stop(self) -> tuple[float, float]:
-        wall = max(time.monotonic() - self.t0, 1e-6)
+        wall = time.monotonic() - self.t0
         other = (self._busy() - self.b0) - (_tree_cpu_s() - self.o0)
-        return max(other, 0.0) / wall, max(self._steal() - self.s0, 0.0) / wall
+        return self._cores(other, wall), self._cores(self._steal() - self.s0, wall)
 
 
 # --- engines ------------------------------------------------------------------------------------------------------

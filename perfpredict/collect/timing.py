@@ -145,6 +145,14 @@ def _steal_cpu_s() -> float:
         return 0.0
 
 
+def cores_over(cpu_s: float, wall_s: float) -> float:
+    """CPU seconds spent over a wall interval, as cores, bounded to [0, this machine's CPUs].
+
+    /proc/stat counts in clock ticks (10 ms): over a window of a few ms one tick reads as several cores, more
+    than the machine has; no reading can exceed the CPUs there are."""
+    return min(max(cpu_s, 0.0) / max(wall_s, 1e-6), float(os.cpu_count() or 1))
+
+
 def _own_cpu_s() -> float:
     s = resource.getrusage(resource.RUSAGE_SELF)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -186,9 +194,8 @@ class LoadSampler:
         if self._thread:
             self._thread.join()
         wall = max(time.monotonic() - self._t0, 1e-6)
-        self.steal_cores = max(_steal_cpu_s() - self._steal0, 0.0) / wall
-        other = (_busy_cpu_s() - self._busy0) - (_own_cpu_s() - self._own0)
-        return max(other, 0.0) / wall
+        self.steal_cores = cores_over(_steal_cpu_s() - self._steal0, wall)
+        return cores_over((_busy_cpu_s() - self._busy0) - (_own_cpu_s() - self._own0), wall)
 
 
 def wait_quiet(*, max_wait_s: float, window_s: float = 2.0, threshold: float = OTHER_LOAD_MAX_CORES) -> float:

@@ -183,8 +183,8 @@ def attempt(cfg: TrlConfig, *, warmup: int, steps: int, key: str = "", err_dir: 
     bad = [r for r in ranks if r["outcome"] != "ok"]
     worst = next((r for r in bad if r["outcome"] == "oom"), bad[0]) if bad else ranks[0]
     return {"outcome": worst["outcome"], "error": worst.get("error"), "trace": worst.get("trace"), "ranks": ranks,
-            "wall_s": wall, "steal_cores": max(steal, 0.0) / max(wall, 1e-6),
-            "other_load_cores": (other := max(busy - sum(r["own_cpu_s"] for r in ranks), 0.0) / max(wall, 1e-6)),
+            "wall_s": wall, "steal_cores": timing.cores_over(steal, wall),
+            "other_load_cores": (other := timing.cores_over(busy - sum(r["own_cpu_s"] for r in ranks), wall)),
             "competing_load_cores": competing_load(other, len(ranks)),
             "calib_before_s": max(r["calib_before_s"] for r in ranks),
             "calib_after_s": max(r["calib_after_s"] for r in ranks)}
