@@ -1,8 +1,6 @@
-"""`collect probes --quick` runs well under its 2-minute budget and writes rows that match the probe schema."""
+"""`collect probes --quick` writes rows that match the probe schema (its 2-minute budget: benchmarks/probe_budget.py)."""
 
 from __future__ import annotations
-
-import time
 
 import polars as pl
 import pytest
@@ -19,11 +17,8 @@ from perfpredict.core.dataset import PROBE_COLUMNS, PROVENANCE, conform, probe_s
 
 @pytest.mark.slow
 def test_quick_probes_match_schema(tmp_path):
-    t0 = time.perf_counter()
     res = CliRunner().invoke(app, ["probes", "--quick", "--out", str(tmp_path)])
-    took = time.perf_counter() - t0
     assert res.exit_code == 0, res.output
-    assert took < 120
     df = pl.read_parquet(tmp_path / "probes.parquet")
     schema = probe_schema()
     for name, dtype in schema.items():
