@@ -13,9 +13,9 @@ from typing import Annotated
 
 import typer
 import typer.core
-from rich.console import Console
 from rich.table import Table
 
+from perfpredict.core.console import stderr_console, stdout_console
 from perfpredict.core.errors import PerfPredictError
 
 try:  # typer >= 0.20 vendors its own click
@@ -55,8 +55,8 @@ class OneLineErrors(typer.core.TyperGroup):
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=OneLineErrors,
                   help="Predict per-GPU memory and throughput of distributed LLM training plans, and rank them.")
-console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+console = stdout_console(piped_width=160)
+err = stderr_console(piped_width=None)
 JSON_HELP = "write JSON to FILE, or to stdout with -"
 
 

@@ -32,11 +32,10 @@ def probes(quick: bool = typer.Option(False, "--quick", help="A < 2 minute subse
                                            "(default datasets/ours/<hardware hash>)."),
            seed: int = typer.Option(0, "--seed", help="Seed of the shape sampling.")) -> None:
     """GEMM, attention, memory-bound and collective probes -> probes.parquet."""
-    from rich.console import Console
-
     from perfpredict.collect.probes import run_probes
+    from perfpredict.core.console import stderr_console
 
-    console = Console(stderr=True)
+    console = stderr_console(piped_width=None)
     path, df = run_probes(quick=quick, out_dir=out, command=_command(), seed=seed,
                           log=lambda s: console.print(f"[dim]{s}[/]"))
     bad = df.filter(df["outcome"] != "ok").height

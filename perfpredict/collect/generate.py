@@ -373,11 +373,11 @@ def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: in
                      python: str | None = None, shapes: tuple[str, ...] | None = None, command: str = "",
                      start_timeout_s: float = 300.0, timeout_s: float = 300.0, max_retries: int = 1,
                      progress: bool = True, layouts: tuple[tuple[int, int], ...] = LAYOUTS) -> Path:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perfpredict.collect import fingerprint as fpr
     from perfpredict.collect.timing import calibration_baseline
+    from perfpredict.core.console import stderr_console
 
     if groups < 1 or repeats < 1:
         raise PerfPredictError("--groups and --repeats must be >= 1")
@@ -403,7 +403,7 @@ def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: in
     sw = json.loads(prov["software"])
     sw["vllm"] = version
     prov["software"] = fpr.dumps(sw)
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 240)
+    console = stderr_console()
     console.print(f"[bold]collect generate[/]: {len(plan)} groups, {len(sessions)} engine sessions, {total} rows "
                   f"({total - left} already in {path}); vllm {sw['vllm']} via {python}")
     baseline = [calibration_baseline()]

@@ -203,17 +203,17 @@ def run_sweep(*, n: int, models: tuple[str, ...] = DEFAULT_MODELS, out_dir: Path
               max_retries: int = 2, progress: bool = True,
               on_row: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Measure n sampled plans (skipping those already in out_dir/runs.parquet); returns the parquet path."""
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from perfpredict.core.console import stderr_console
 
     out = Path(out_dir) if out_dir else default_out()
     path = out / "runs.parquet"
     plans = sample_plans(n=n, models=models, seed=seed)
     done = done_ids(path)
-    import sys
 
     # A log file (nohup) gets one unwrapped line per run; a terminal gets the live bar as well.
-    console = Console(stderr=True, width=None if sys.stderr.isatty() else 240)
+    console = stderr_console()
     todo = []
     for shape, sc in iter_scenarios(plans):  # sampled plans are already as collect runs them (effective_plan)
         rid = run_id(sc, warmup=warmup, steps=steps, seed=seed, threads=1)

@@ -9,14 +9,14 @@ from typing import Annotated
 
 import polars as pl
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from perfpredict.core.console import stderr_console, stdout_console
 from perfpredict.core.errors import PerfPredictError, check_int, check_number
 from perfpredict.core.paths import writable_dir, writable_file
 
-console = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True)
+console = stdout_console()
+err = stderr_console(piped_width=None)
 JSON_HELP = "write JSON to FILE, or to stdout with -"
 PREDICT_KEYS = ("step_time_s", "tokens_per_s", "samples_per_s", "peak_memory_gib", "fits", "mfu",
                 "step_time_interval_s", "peak_memory_interval_gib", "breakdown", "dominant")

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from rich.console import Console
 from rich.table import Table
 
+from perfpredict.core.console import stdout_console
 from perfpredict.core.errors import PerfPredictError
 
-console = Console(width=None if sys.stdout.isatty() else 200)
+console = stdout_console()
 GEN_KEYS = ("output_tokens_per_s", "total_tokens_per_s", "kv_capacity_tokens", "time_to_generate_s", "fits",
             "output_tokens_per_s_interval", "time_to_generate_s_interval", "layout", "reason")
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import polars as pl
 import typer
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(width=None if sys.stdout.isatty() else 200)
+from perfpredict.core.console import stdout_console
+
+console = stdout_console()
 
 
 def _progress() -> Progress:

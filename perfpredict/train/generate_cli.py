@@ -4,14 +4,14 @@ generation model."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import polars as pl
-from rich.console import Console
 from rich.table import Table
 
-console = Console(width=None if sys.stdout.isatty() else 200)
+from perfpredict.core.console import stdout_console
+
+console = stdout_console()
 
 
 def run_evaluate(*, data: Path, seed: int, save: bool, json_out: Path | None) -> None:
