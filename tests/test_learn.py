@@ -114,3 +114,52 @@ def test_intervals_use_applicable_residuals_inside_and_at_least_the_keys_own_com
     assert (lo[5], hi[5]) == pytest.approx((min(dom[0], iv.outside_[0]), max(dom[1], iv.outside_[1])))  # its domain
     back = Intervals.from_dict(iv.to_dict())
     assert np.allclose(back.bounds(["b|pp-cross-node"], np.ones(1))[1], hi[3])
+
+
+def test_gpu_dispatch_hides_behind_device_time_only_where_fitted_so():
+    """A GPU runs kernels asynchronously: with gpu_hidden = 1 (fitted per runtime, e.g. Megatron) host dispatch
+    costs only what exceeds device time; 0 (and any old bundle without the key) adds it; a CPU always adds it."""
+    from perfpredict.learn.bundle import default_kernels
+    from perfpredict.learn.compose import compose
+
+    big = describe(plans_frame(get_model("llama-3.1-8b"), Cluster(get_gpu("h100-sxm-80gb"), 8, 1),
+                               Workload(objective="dpo", seq_len=4096, global_batch=64),
+                               [Plan(tp=8, micro_batch=1, grad_accum=64), Plan(dp=8, zero=3, framework="fsdp",
+                                                                               micro_batch=1, grad_accum=8)]))
+    k = default_kernels()
+    add = compose(big, k, launch_floor={"gpu": 1e-4, "cpu": 1e-4}, canonical=False)
+    hid = compose(big, k, launch_floor={"gpu": 1e-4, "cpu": 1e-4, "gpu_hidden:megatron": 1.0}, canonical=False)
+    device = (hid["k_compute_s"] + hid["k_tp_s"] + hid["k_cp_s"] + hid["k_ep_s"]).to_numpy()
+    host = add["k_launch_s"].to_numpy()
+    assert (host > 0).all()
+    # Megatron's row: only the dispatch time beyond the device's; FSDP (no per-runtime fit): still added.
+    assert hid["k_launch_s"][0] == pytest.approx(max(host[0] - device[0], 0.0))
+    assert hid["k_launch_s"][1] == pytest.approx(host[1])
+    assert (hid["k_step_s"].to_numpy() <= add["k_step_s"].to_numpy() + 1e-12).all()
+    cpu = describe(plans_frame(get_model("llama-3.2-1b"), Cluster(get_gpu("cpu"), 2, 1),
+                               Workload(objective="dpo", seq_len=64, global_batch=2, precision="fp32"),
+                               [Plan(dp=2, framework="megatron", micro_batch=1)]))
+    a = compose(cpu, k, launch_floor={"gpu": 1e-4, "cpu": 1e-4}, canonical=False)["k_launch_s"][0]
+    h = compose(cpu, k, launch_floor={"gpu": 1e-4, "cpu": 1e-4, "gpu_hidden": 1.0, "gpu_hidden:megatron": 1.0},
+                canonical=False)["k_launch_s"][0]
+    assert h == pytest.approx(a) and a > 0
+
+
+def test_fit_launch_floor_recovers_each_runtimes_host_model():
+    """Steps made by the composition itself with Megatron's dispatch hidden (6e-5 s) and FSDP's added (2e-5 s) are
+    explained back: the fit picks each runtime's floor and whether it hides, not one pooled compromise."""
+    from perfpredict.learn import compose as C
+    from perfpredict.learn.bundle import default_kernels
+
+    plans = [Plan(tp=t, dp=8 // t, micro_batch=m, grad_accum=g) for t in (1, 2, 4, 8) for m in (1, 2)
+             for g in (1, 4)]
+    plans += [Plan(dp=8, zero=3, framework="fsdp", micro_batch=m, grad_accum=g) for m in (1, 2, 4) for g in (1, 8)]
+    desc = describe(plans_frame(get_model("llama-3.2-1b"), Cluster(get_gpu("h100-sxm-80gb"), 8, 1),
+                                Workload(objective="dpo", seq_len=1024, global_batch=64), plans))
+    desc = pl.concat([desc] * 17)  # at least MIN_RUNTIME_ROWS per runtime
+    k = default_kernels()
+    truth = {"gpu": 2e-5, "cpu": 1e-4, "gpu:megatron": 6e-5, "gpu_hidden:megatron": 1.0}
+    y = C._compose(desc, k, truth)["k_step_s"].to_numpy()
+    fl = C.fit_launch_floor(desc, k, y)
+    assert fl["gpu:megatron"] == pytest.approx(6e-5) and fl["gpu_hidden:megatron"] == 1.0
+    assert fl["gpu:fsdp"] == pytest.approx(2e-5) and fl["gpu_hidden:fsdp"] == 0.0
