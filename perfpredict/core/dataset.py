@@ -157,6 +157,8 @@ def on_measuring_host(df: pl.DataFrame) -> pl.DataFrame:
     import json
 
     from perfpredict.core.catalog import cpu_hardware_for, get_gpu
+    from perfpredict.core.hardware import Cluster
+    from perfpredict.core.scenario import cluster_columns
 
     mapping = {}
     for fp in df["hardware_fingerprint"].drop_nulls().unique().to_list():
@@ -171,11 +173,9 @@ def on_measuring_host(df: pl.DataFrame) -> pl.DataFrame:
     hw = pl.col("hardware_fingerprint").replace_strict(mapping, default=None, return_dtype=pl.Utf8)
     df = df.with_columns(hardware=pl.coalesce(hw, pl.col("hardware")))
     for name in sorted(set(mapping.values())):
-        g = get_gpu(name)
-        figures = {"g_name": name, "g_memory_gib": float(g.memory_gib), "g_bf16_tflops": float(g.bf16_tflops),
-                   "g_fp32_tflops": float(g.fp32_tflops), "g_hbm_tb_per_s": float(g.hbm_tb_per_s),
-                   "c_intra_bw_gb_per_s": float(g.intra_node_bw_gb_per_s),
-                   "c_inter_bw_gb_per_s": float(g.inter_node_bw_gb_per_s)}
+        # The entry's own figures and link rates; the row keeps its GPU and node counts.
+        figures = {k: v for k, v in cluster_columns(Cluster(get_gpu(name), 1, 1)).items()
+                   if k.startswith("g_") or k.endswith("_bw_gb_per_s")}
         here = pl.col("hardware") == name
         df = df.with_columns([pl.when(here).then(pl.lit(v)).otherwise(pl.col(k)).alias(k)
                               for k, v in figures.items() if k in df.columns])

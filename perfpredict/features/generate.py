@@ -48,22 +48,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def is_cpu(gpu: GPUSpec) -> bool:
-    return gpu.vendor == "cpu"
-
-
 def default_block_size(gpu: GPUSpec) -> int:
-    return CPU_BLOCK_SIZE if is_cpu(gpu) else GPU_BLOCK_SIZE
+    return CPU_BLOCK_SIZE if gpu.is_cpu else GPU_BLOCK_SIZE
 
 
 def default_max_num_seqs(gpu: GPUSpec, world: int) -> int:
-    if is_cpu(gpu):
+    if gpu.is_cpu:
         return 256 * world
     return 1024 if gpu.memory_gib >= 70 and "a100" not in gpu.name else 256
 
 
 def default_max_num_batched_tokens(gpu: GPUSpec, world: int) -> int:
-    if is_cpu(gpu):
+    if gpu.is_cpu:
         return 4096 * world
     return 16384 if gpu.memory_gib >= 70 and "a100" not in gpu.name else 8192
 
@@ -131,7 +127,7 @@ def kv_capacity(m: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int = 1, max_model_l
     act = 0.0
     if kv_cache_memory_bytes is not None:
         avail = float(kv_cache_memory_bytes)
-    elif kv_space_gib is not None or is_cpu(gpu):
+    elif kv_space_gib is not None or gpu.is_cpu:
         avail = float(kv_space_gib if kv_space_gib is not None else 4.0) * GIB  # VLLM_CPU_KVCACHE_SPACE default 4
     else:
         act = activation_peak_bytes(m, tp=tp, max_num_batched_tokens=mbt, max_num_seqs=mns, dtype=dtype)
@@ -150,7 +146,7 @@ def kv_capacity(m: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int = 1, max_model_l
     elif n_blocks < per_req:
         fits, reason = False, (f"KV space holds {n_blocks * bs} tokens per replica, less than one request of "
                                f"max_model_len {max_model_len}")
-    elif is_cpu(gpu) and total_need > gpu.memory_gib * GIB / world:
+    elif gpu.is_cpu and total_need > gpu.memory_gib * GIB / world:
         fits, reason = False, "weights + KV exceed the memory per core"
     return KVCapacity(block_size=bs, bytes_per_block=per_block, available_bytes=avail, num_blocks=n_blocks,
                       pool_tokens=n_blocks * bs, logged_tokens=logged, max_concurrency=conc, weights_bytes=weights,

@@ -30,7 +30,6 @@ from perfpredict.features.generate import (
     KVCapacity,
     default_max_num_batched_tokens,
     default_max_num_seqs,
-    is_cpu,
     kv_capacity,
     kv_heads_per_rank,
     prefix_cache_hit_tokens,
@@ -203,7 +202,7 @@ def compose(scs: list[GenScenario], *, kernels=None) -> pl.DataFrame:
         w, lay = sc.workload, sc.layout
         row: dict[str, Any] = {"fits": cap.fits, "reason": cap.reason, "kv_capacity_tokens": cap.logged_tokens,
                                "kv_pool_tokens": cap.pool_tokens, "kv_blocks": cap.num_blocks,
-                               "weights_gib_per_rank": cap.weights_bytes / 2**30, "is_cpu": is_cpu(sc.cluster.gpu),
+                               "weights_gib_per_rank": cap.weights_bytes / 2**30, "is_cpu": sc.cluster.gpu.is_cpu,
                                "hardware": sc.cluster.gpu.name,
                                # CPU only: replicas x (tp compute cores + host cores) vs the cores (see _terms)
                                "ranks_per_replica": lay.tp * lay.pp, "replicas": lay.replicas,

@@ -31,6 +31,7 @@ MODEL_DIR = default_path() / "generate"
 # edge and doubled the held-out two-replica error, so they are fixed.
 COMPUTE_EXTRA_CORES = 0.5
 HOST_EXTRA_CORES = 3.0
+SCHEMA_VERSION = 7  # metadata.json's "version": load refuses any other
 FEATURES = ("f_log_base", "f_tp", "f_replicas", "f_log_batch", "f_log_in", "f_log_out", "f_n", "f_prefix",
             "f_kv_pressure", "f_decode_share", "f_log_ctx")
 
@@ -125,7 +126,7 @@ class GenerationModel:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.gb_.save_model(out / "correction.json")
-        meta = {"kind": "perfpredict.generation", "version": 7, "features": list(FEATURES), "coef": self.coef_,
+        meta = {"kind": "perfpredict.generation", "version": SCHEMA_VERSION, "features": list(FEATURES), "coef": self.coef_,
                 "host_cores": list(self.host_cores_), "hardware": list(self.hardware_),
                 "lo": self.lo_.tolist(), "hi": self.hi_.tolist(), "clip": self.clip_, "interval": self.interval_,
                 "training": getattr(self, "training_", {})}
@@ -142,7 +143,7 @@ class GenerationModel:
         except (OSError, json.JSONDecodeError) as e:
             raise PerfPredictError(f"no generation model at {path}: {e}; train it with "
                                    "`perfpredict evaluate --phase generate --save`") from None
-        if (meta.get("kind") != "perfpredict.generation" or meta.get("version") != 7
+        if (meta.get("kind") != "perfpredict.generation" or meta.get("version") != SCHEMA_VERSION
                 or meta.get("features") != list(FEATURES)):
             raise PerfPredictError(f"{path} holds a generation model for other features; retrain it")
         m = cls()

@@ -19,7 +19,7 @@ from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
-from perfpredict.features.generate import default_max_num_seqs, is_cpu
+from perfpredict.features.generate import default_max_num_seqs
 from perfpredict.features.plans import powers_of_two
 
 MNS_CANDIDATES = (64, 256, 1024)
@@ -58,7 +58,7 @@ def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int]
             for mns in sorted(set(max_num_seqs or [*MNS_CANDIDATES, default])):
                 out.append(GenLayout(tp=tp, pp=pp, replicas=reps, max_num_seqs=mns,
                                      gpu_memory_utilization=gpu_memory_utilization,
-                                     kv_space_gib=kv_space_gib if is_cpu(cluster.gpu) else None,
+                                     kv_space_gib=kv_space_gib if cluster.gpu.is_cpu else None,
                                      max_model_len=max_model_len, prefix_caching=prefix_caching))
     return out
 
@@ -125,7 +125,7 @@ def emit_vllm(r: GenRanking, *, model_id: str, out_dir: Path | str, rank_no: int
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     w = r.workload
-    cpu = is_cpu(r.cluster.gpu)
+    cpu = r.cluster.gpu.is_cpu
     per = row["tp"] * row["pp"]
     mml = w.input_len + w.output_len
     args = {"tensor_parallel_size": row["tp"], "pipeline_parallel_size": row["pp"],

@@ -182,11 +182,30 @@ def evaluate(root: Path | str = "datasets", *, seed: int = 0) -> dict[str, Any]:
     full = fit(comp, seed=seed)
     full.training_ = {"rows": comp.height, "raw_rows": raw.height, "shapes": sorted(comp["model_shape"].unique()),
                       "repeat_cv_median": float(comp["repeat_cv"].drop_nulls().median() or 0.0)}
-    return {"splits": results, "choices": CHOICES,
-            "kv_capacity": {"engines": len(kv_err), "max_rel_err": float(kv_err.max()),
-                            "mean_rel_err": float(kv_err.mean())},
-            "rows": raw.height, "configs": comp.height, "ok_rows": raw.filter(pl.col("outcome") == "ok").height,
-            "repeat_cv_median": full.training_["repeat_cv_median"], "model": full}
+    res = {"splits": results, "choices": CHOICES,
+           "kv_capacity": {"engines": len(kv_err), "max_rel_err": float(kv_err.max()),
+                           "mean_rel_err": float(kv_err.mean())},
+           "rows": raw.height, "configs": comp.height, "ok_rows": raw.filter(pl.col("outcome") == "ok").height,
+           "repeat_cv_median": full.training_["repeat_cv_median"], "model": full}
+    vidur = vidur_root(root)
+    if vidur is not None:
+        res["vidur_decode_layer"] = vidur_decode_layer_summary(vidur)
+    return res
+
+
+def vidur_root(data: Path | str) -> Path | None:
+    """Vidur's published profiles: ../shared/data/public/vidur, else a copy under the datasets folder."""
+    return next((p for p in (Path("../shared/data/public/vidur"), Path(data) / "public" / "vidur-csv")
+                 if (p / "data" / "profiling").is_dir()), None)
+
+
+def vidur_decode_layer_summary(root: Path | str) -> list[dict[str, Any]]:
+    """vidur_decode_layer_check per GPU: configurations, median composed / measured, mean and p90 |error|."""
+    v = vidur_decode_layer_check(root)
+    return (v.group_by("gpu").agg(pl.len().alias("n"), pl.col("ratio").median().alias("median"),
+                                  (pl.col("ratio") - 1).abs().mean().alias("mape"),
+                                  (pl.col("ratio") - 1).abs().quantile(0.9).alias("p90"))
+            .sort("gpu").to_dicts())
 
 
 VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",

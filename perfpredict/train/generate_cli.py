@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import polars as pl
 from rich.table import Table
 
 from perfpredict.core.console import stdout_console
@@ -33,22 +32,15 @@ def run_evaluate(*, data: Path, seed: int, save: bool, json_out: Path | None) ->
                   f"{100 * s['best_within_noise']:.0f}%",
                   f"{100 * s['mean_regret']:.1f}%", str(s["cases"]))
     console.print(t)
-    vidur = next((p for p in (Path("../shared/data/public/vidur"), data / "public" / "vidur-csv")
-                  if (p / "data" / "profiling").is_dir()), None)
-    if vidur is not None:
-        from perfpredict.train.generate import vidur_decode_layer_check
+    if "vidur_decode_layer" in res:
+        from perfpredict.train.generate import vidur_root
 
-        v = vidur_decode_layer_check(vidur)
-        agg = (v.group_by("gpu").agg(pl.len().alias("n"), pl.col("ratio").median().alias("median"),
-                                     (pl.col("ratio") - 1).abs().mean().alias("mape"),
-                                     (pl.col("ratio") - 1).abs().quantile(0.9).alias("p90"))
-               .sort("gpu"))
         t = Table("gpu", "layers x tp x tokens", "median composed/measured", "mean |error|", "p90 |error|",
-                  title=f"GPU decode layer (GEMMs, norms, activation, residual) vs Vidur's per-op profiles ({vidur})")
-        for r in agg.iter_rows(named=True):
+                  title="GPU decode layer (GEMMs, norms, activation, residual) vs Vidur's per-op profiles "
+                        f"({vidur_root(data)})")
+        for r in res["vidur_decode_layer"]:
             t.add_row(r["gpu"], str(r["n"]), f"{r['median']:.3f}", f"{100 * r['mape']:.1f}%", f"{100 * r['p90']:.1f}%")
         console.print(t)
-        res["vidur_decode_layer"] = agg.to_dicts()
     if json_out:
         json_out.write_text(json.dumps(res, indent=1, default=str))
     if save:
