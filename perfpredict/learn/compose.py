@@ -264,11 +264,12 @@ def launch_floor_s(hardware: pl.Expr, floors: dict[str, float], key: str = "") -
 def _best_floor(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray, floors: dict[str, float],
                 key: str, hidden: tuple[float, ...]) -> dict[str, float]:
     """floors with `key` (and `key`'s hidden share) set to the grid point of least median |log10 ratio|."""
+    parts = _kernel_parts(desc, kernels)
     best, out = np.inf, floors
     for h in hidden:
         for f in LAUNCH_GRID_S:
             trial = {**floors, key: f, key.replace(":", "_hidden:", 1) if ":" in key else f"{key}_hidden": h}
-            err = np.median(np.abs(np.log10(y_s / _compose(desc, kernels, trial)["k_step_s"].to_numpy())))
+            err = np.median(np.abs(np.log10(y_s / _assemble(parts, trial)["k_step_s"].to_numpy())))
             if err < best:
                 best, out = err, trial
     return out
@@ -386,7 +387,12 @@ def _zero3_hook_units() -> pl.Expr:
 
 def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
              cal: dict[str, float] | None = None) -> pl.DataFrame:
-    cal = cal or TRL_CALIBRATION
+    return _assemble(_kernel_parts(desc, kernels), floors, cal)
+
+
+def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
+    """desc with each part's raw kernel seconds (k_<part>_raw_s), its backward share and timed-kernel count: the
+    kernel models' work, which no launch floor or calibration changes (the grid searches reuse it)."""
     q = kernel_queries(desc)
     keys = list(KERNEL_KEYS) + ["family"]
     uniq = q.select(keys).unique()
@@ -410,8 +416,13 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
     parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")])
     out = (desc.with_row_index("row").join(parts, on="row", how="left").join(bwd, on="row", how="left")
            .drop("row"))
-    out = out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather", "trlfold")]
-                           + [c(k).fill_null(0.0) for k in ("k_bwd_s", *(f"k_{f}_s" for f in TRL_FAMILIES))])
+    return out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather", "trlfold")]
+                            + [c(k).fill_null(0.0) for k in ("k_bwd_s", *(f"k_{f}_s" for f in TRL_FAMILIES))])
+
+
+def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float] | None = None) -> pl.DataFrame:
+    """The step from _kernel_parts: launch floor, overlaps, TRL calibration, bubble."""
+    cal = cal or TRL_CALIBRATION
     n_untimed = (c("p_grad_accum") * c("d_layers_max")
                  * (UNTIMED_FWD_PER_LAYER * forward_passes() + UNTIMED_BWD_PER_LAYER))
     overlap = c("d_runtime").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
@@ -427,6 +438,7 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
         k_zero3_s=_exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), c("p_pp") / c("m_layers").cast(pl.Float64)),
         **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
     ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
+    # What runs on the device in a stage; evaluated where used (the stage below sees TRL's calibrated compute).
     device = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_ep_s")
     hidden = launch_floor_s(c("g_name"), floors, "_hidden").clip(0.0, 1.0)
     out = out.with_columns(k_launch_s=(c("k_host_s") - hidden * device).clip(lower_bound=0.0)).drop("k_host_s")
@@ -438,7 +450,7 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
         + cal["deepspeed_step_s"] * _deepspeed_steps(),
         k_compute_s=c("k_compute_s") + pl.when(trl_cpu).then(extra).otherwise(0.0),
     ).drop("k_trlfold_raw_s")
-    stage = c("k_compute_s") + c("k_tp_s") + c("k_cp_s") + c("k_ep_s") + c("k_pp_s") + c("k_launch_s")
+    stage = device + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
         k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s")
         + c("k_trl_s"),
