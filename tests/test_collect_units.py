@@ -130,7 +130,8 @@ def test_timing_helpers():
 def test_load_readings_never_exceed_the_machines_cpus():
     # A CI run read 7.5 cores of steal on a 2-CPU machine: one 10 ms /proc/stat tick over a ~1 ms window.
     cpus = os.cpu_count() or 1
-    assert timing.cores_over(0.01, 0.0013) == cpus
+    assert timing.cores_over(0.01, 0.0013) == min(0.01 / 0.0013, cpus)
+    assert timing.cores_over(2.0 * cpus * 0.0013, 0.0013) == cpus
     assert timing.cores_over(-0.01, 1.0) == 0.0
     assert timing.cores_over(0.5, 1.0) == min(0.5, cpus)
     assert timing.cores_over(0.01, 0.0) == cpus
