@@ -9,7 +9,7 @@ import json
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -118,8 +118,15 @@ def _check(r, must_fail: bool) -> None:
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+def _with(section: str, key: str, value) -> bytes:
+    d = json.loads(json.dumps(BASE))
+    d[section][key] = value
+    return json.dumps(d).encode()
+
+
 @SETTINGS
 @given(case=mutated())
+@example(case=(_with("hardware", "nodes", None), True))  # a CI draw: a null count read as "one node"
 def test_predict_and_describe_never_break(tmp_path, case):
     data, must_fail = case
     f = tmp_path / "s.json"

@@ -116,7 +116,7 @@ class Cluster:
         gpu = get_gpu(d["gpu"]) if isinstance(d["gpu"], str) else GPUSpec.from_dict(d["gpu"])
         gpn = check_int("gpus_per_node", d.get("gpus_per_node", 8), 1, MAX_GPUS_PER_NODE)
         nodes = d.get("nodes")
-        if nodes is not None:
+        if "nodes" in d:  # absent: from gpus, else one node; present, it must be a count (null is not one)
             check_int("nodes", nodes, 1, MAX_NODES)
         if "gpus" in d:
             total = check_int("gpus", d["gpus"], 1, MAX_GPUS_PER_NODE * MAX_NODES)
