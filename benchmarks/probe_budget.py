@@ -14,7 +14,7 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from perfpredict.collect.cli import app
+from perfpredict.cli import app
 
 BUDGET_S = 120.0
 
@@ -23,7 +23,7 @@ def _run(args: list[str], out: Path) -> tuple[float, pl.DataFrame]:
     from typer.testing import CliRunner
 
     t0 = time.perf_counter()
-    res = CliRunner().invoke(app, ["probes", *args, "--out", str(out)])
+    res = CliRunner().invoke(app, ["collect", "probes", *args, "--out", str(out)])
     took = time.perf_counter() - t0
     if res.exit_code != 0:
         raise SystemExit(f"collect probes {' '.join(args)} failed: {res.output.strip().splitlines()[-1:]}")

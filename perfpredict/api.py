@@ -9,6 +9,7 @@ import polars as pl
 
 from perfpredict.core.catalog import get_gpu, get_model
 from perfpredict.core.errors import PerfPredictError, check_int, check_number, check_str
+from perfpredict.core.formatting import num
 from perfpredict.core.hardware import MAX_GPUS_PER_NODE, MAX_NODES, Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
@@ -77,8 +78,33 @@ def describe_scenarios(*, path: Path | str | None = None, scenarios: list[Scenar
 
 @dataclass
 class RankReport:
+    """Everything `perfpredict rank` prints, as text the library composes: the CLI only lays it out."""
+
     ranking: object
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def headline(self) -> str:
+        r = self.ranking
+        unit = "pairs" if r.workload.is_preference else "samples"
+        fit = r.fitting
+        return (f"{r.model.name} on {r.cluster.gpus} x {r.cluster.gpu.name} ({r.cluster.nodes} node(s)), "
+                f"{r.workload.objective}, seq {r.workload.seq_len}, global batch {r.workload.global_batch} {unit}, "
+                f"reference {r.workload.reference}\n"
+                f"{r.table.height:,} legal plans ({r.rejections.total:,} candidates rejected); {fit.height:,} "
+                f"predicted to fit, {r.table.height - fit.height:,} dropped as out of memory")
+
+    @property
+    def misses(self) -> str:
+        from perfpredict.predictor.rank import misses_line
+
+        return misses_line(self.ranking)
+
+    @property
+    def explain(self) -> str:
+        from perfpredict.predictor.rank import explain
+
+        return explain(self.ranking)
 
 
 def _bundle(predictor):
@@ -130,7 +156,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
     if target_samples_per_s > 0 and r.fitting.height:
         best = r.fitting["samples_per_s"][0]
         verdict = "meets" if best >= target_samples_per_s else "does NOT meet"
-        notes.append(f"target {target_samples_per_s:g}/s: the best plan ({best:.3g}/s) {verdict} it"
+        notes.append(f"target {target_samples_per_s:g}/s: the best plan ({num(best)}/s) {verdict} it"
                      + ("" if best >= target_samples_per_s else "; try --gpus auto"))
     return RankReport(ranking=r, notes=notes)
 
@@ -165,16 +191,17 @@ def _space(frameworks: object) -> PlanSpace:
 def predict(scenario: Scenario | dict, *, predictor: Path | str | None = None):
     """One Prediction (step_time_s, tokens_per_s, samples_per_s, peak_memory_gib, fits, intervals, breakdown).
 
-    A `"phase": "generate"` scenario (core.generate) returns a dict instead: output_tokens_per_s,
-    total_tokens_per_s, kv_capacity_tokens (per replica), time_to_generate_s, fits, with 90% intervals."""
+    A `"phase": "generate"` scenario (core.generate) returns a GenerationPrediction: output_tokens_per_s,
+    total_tokens_per_s, kv_capacity_tokens (per replica), time_to_generate_s, fits, with 90% intervals; both
+    have `to_dict()`."""
     from perfpredict.core.generate import GenScenario, is_generate
     from perfpredict.predictor.predict import predict as _predict
 
     if is_generate(scenario) or isinstance(scenario, GenScenario):
-        from perfpredict.predictor.generate import predict_generation
+        from perfpredict.predictor.generate import predict_generations
 
         sc = scenario if isinstance(scenario, GenScenario) else GenScenario.from_dict(scenario)
-        return predict_generation([sc]).to_dicts()[0]
+        return predict_generations([sc])[0]
 
     return _predict(scenario, bundle=_bundle(predictor))
 
@@ -219,3 +246,107 @@ def emit_winner(*, ranking, target: str, out_dir: Path | str) -> tuple[int, list
             files = emit(target, model=ranking.model, cluster=ranking.cluster, workload=ranking.workload, plan=plan)
             return row["rank"], write_emitted(files, out_dir)
     raise PerfPredictError(f"no fitting plan can be run by {target}; try --framework to rank its plans only")
+
+
+def check_emit_target(*, target: str, frameworks: list[str] | None = None) -> None:
+    """Before any ranking: the target exists, and the frameworks ranked include one whose plans it can run."""
+    from perfpredict.predictor.emit import TARGETS
+    from perfpredict.predictor.emit.common import frameworks_for
+
+    if target not in TARGETS:
+        if target == "vllm":
+            raise PerfPredictError("--emit vllm writes generation layouts: use `perfpredict generate rank --emit vllm`")
+        raise PerfPredictError(f"unknown --emit target {target!r}; accepted: {', '.join(TARGETS)}")
+    ranked = _space(frameworks).frameworks
+    runnable = frameworks_for(target)
+    if not set(ranked) & runnable:
+        raise PerfPredictError(f"--emit {target} writes plans of {', '.join(sorted(runnable))}, and the frameworks "
+                               f"ranked ({', '.join(ranked)}) hold none: add --framework {target}")
+
+
+def catalog_rows(*, kind: str) -> list[dict[str, str]]:
+    """The GPU or model catalog as the rows `perfpredict catalog` prints."""
+    from perfpredict.core.catalog import gpu_catalog, model_catalog
+
+    if kind == "gpus":
+        return [{"name": g.name, "memory GiB": f"{g.memory_gib:g}", "bf16 TFLOP/s": f"{g.bf16_tflops:g}",
+                 "HBM TB/s": f"{g.hbm_tb_per_s:g}", "intra GB/s": f"{g.intra_node_bw_gb_per_s:g}",
+                 "inter GB/s": f"{g.inter_node_bw_gb_per_s:g}"}
+                for g in sorted(gpu_catalog().values(), key=lambda g: g.name)]
+    if kind == "models":
+        return [{"name": m.name, "params (B)": f"{m.param_count / 1e9:.2f}", "layers": str(m.layers),
+                 "hidden": str(m.hidden), "heads/kv": f"{m.heads}/{m.kv_heads}", "ffn": str(m.ffn),
+                 "vocab": str(m.vocab), "experts": f"{m.experts_per_token}/{m.experts}" if m.experts else "-"}
+                for m in sorted(model_catalog().values(), key=lambda m: m.name)]
+    raise PerfPredictError(f"unknown catalog {kind!r}; accepted: gpus, models")
+
+
+def scenario_file_phase(*, path: Path | str) -> str:
+    """"generate" when a scenario file holds generation scenarios, "train" otherwise; a file mixing both is refused.
+    An unreadable entry counts as training: predict_file_items answers it with its error."""
+    from perfpredict.core.generate import is_generate
+    from perfpredict.core.scenario import load_scenarios
+
+    try:
+        dicts = load_scenarios(path)
+    except PerfPredictError:
+        return "train"
+    gen = [isinstance(d, dict) and is_generate(d) for d in dicts]
+    if any(gen) and not all(gen):
+        raise PerfPredictError(f"{path} mixes generation and training scenarios; put them in separate files")
+    return "generate" if any(gen) else "train"
+
+
+def predict_generation_file(*, path: Path | str, predictor: Path | str | None = None) -> list:
+    """A GenerationPrediction for every scenario of a generation scenario file, in order."""
+    from perfpredict.core.generate import GenScenario
+    from perfpredict.core.scenario import load_scenarios
+    from perfpredict.predictor.generate import load_generation_model, predict_generations
+
+    scs = [GenScenario.from_dict(d) for d in load_scenarios(path)]
+    return predict_generations(scs, model=load_generation_model(predictor))
+
+
+def rank_generation(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, prompts: int,
+                    samples_per_prompt: int = 1, input_len: int = 512, output_len: int = 512, precision: str = "bf16",
+                    max_num_seqs: list[int] | None = None, kv_space_gib: float | None = None,
+                    gpu_memory_utilization: float = 0.9, predictor: Path | str | None = None):
+    """vLLM layouts (TP, PP, replicas, max_num_seqs) of a generation workload, best predicted throughput first."""
+    from perfpredict.core.generate import GenWorkload
+    from perfpredict.predictor.generate import load_generation_model
+    from perfpredict.predictor.generate_rank import rank_generate
+
+    check_int("prompts", prompts, 1, 1 << 40)
+    m = _model(model)
+    cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node)
+    w = GenWorkload(prompts=prompts, samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
+                    precision=precision)
+    if kv_space_gib is not None and not cluster.gpu.is_cpu:
+        raise PerfPredictError("--kv-space-gib is VLLM_CPU_KVCACHE_SPACE, for CPU hosts; on GPUs the KV pool follows "
+                               "--gpu-memory-utilization")
+    return rank_generate(model=m, cluster=cluster, workload=w, max_num_seqs=max_num_seqs, kv_space_gib=kv_space_gib,
+                         gpu_memory_utilization=gpu_memory_utilization, gen_model=load_generation_model(predictor))
+
+
+def rank_iteration(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, prompts: int,
+                   samples_per_prompt: int = 1, input_len: int = 512, output_len: int = 512, precision: str = "bf16",
+                   global_batch: int = 64, predictor: Path | str | None = None):
+    """Splits of the devices between vLLM generation and DPO training for one online-DPO iteration, fastest first."""
+    from perfpredict.core.generate import GenWorkload
+    from perfpredict.predictor.generate_rank import rank_iteration as _rank_iteration
+
+    check_int("prompts", prompts, 1, 1 << 40)
+    m = _model(model)
+    cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node)
+    w = GenWorkload(prompts=prompts, samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
+                    precision=precision)
+    df = _rank_iteration(model=m, cluster=cluster, workload=w, global_batch=global_batch, predictor=predictor)
+    return IterationReport(table=df, headline=(
+        f"online DPO on {cluster.gpus} x {cluster.gpu.name}: {prompts:,} prompts x {samples_per_prompt} samples, "
+        f"{input_len} in / {output_len} out, then DPO on one pair per prompt (live reference scores it)"))
+
+
+@dataclass(frozen=True)
+class IterationReport:
+    table: pl.DataFrame  # one row per split of the devices, fastest iteration first
+    headline: str

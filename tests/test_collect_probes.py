@@ -11,13 +11,13 @@ pytest.importorskip("torch")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from perfpredict.collect.cli import app  # noqa: E402
+from perfpredict.cli import app  # noqa: E402
 from perfpredict.core.dataset import PROBE_COLUMNS, PROVENANCE, conform, probe_schema  # noqa: E402
 
 
 @pytest.mark.slow
 def test_quick_probes_match_schema(tmp_path):
-    res = CliRunner().invoke(app, ["probes", "--quick", "--out", str(tmp_path)])
+    res = CliRunner().invoke(app, ["collect", "probes", "--quick", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     df = pl.read_parquet(tmp_path / "probes.parquet")
     schema = probe_schema()

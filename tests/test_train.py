@@ -100,6 +100,14 @@ def test_evaluate_command(small_data, tmp_path):
     assert all(0.0 <= row["time_coverage"] <= 1.0 for row in metrics if row["time_n"])
 
 
+def test_evaluate_json_dash_is_stdout(small_data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a file named "-" would land here
+    r = runner.invoke(app, ["evaluate", "--data", str(small_data.resolve()), "--split", "largest", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "-").exists()
+    assert {row["split"] for row in json.loads(r.output)} == {"largest"}
+
+
 def test_bogus_split_is_one_line(small_data):
     r = runner.invoke(app, ["evaluate", "--data", str(small_data), "--split", "bogus"])
     assert r.exit_code == 2 and "unknown split/variant" in r.output

@@ -3,7 +3,9 @@ from the shipped generation model (learn.generate_model) over the kernel composi
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -12,6 +14,58 @@ from perfpredict.core.generate import GenScenario
 from perfpredict.features.generate import default_max_num_seqs
 from perfpredict.learn.generate_compose import compose
 from perfpredict.learn.generate_model import MODEL_DIR, GenerationModel
+
+
+@dataclass(frozen=True)
+class GenerationPrediction:
+    """One generation scenario's answer: the generation counterpart of predictor.predict.Prediction (same use:
+    attributes, `to_dict()` for JSON). Throughput and times are None when the layout does not fit (`reason`)."""
+
+    output_tokens_per_s: float | None
+    total_tokens_per_s: float | None
+    kv_capacity_tokens: int  # per replica
+    time_to_generate_s: float | None
+    fits: bool
+    output_tokens_per_s_interval: tuple[float, float] | None  # 90 %
+    time_to_generate_s_interval: tuple[float, float] | None  # 90 %
+    layout: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("output_tokens_per_s_interval", "time_to_generate_s_interval"):
+            d[k] = list(d[k]) if d[k] is not None else None
+        return d
+
+    @classmethod
+    def from_row(cls, r: dict[str, Any]) -> GenerationPrediction:
+        iv = r["output_tokens_per_s_interval"]
+        tv = r["time_to_generate_s_interval"]
+        return cls(output_tokens_per_s=r["output_tokens_per_s"], total_tokens_per_s=r["total_tokens_per_s"],
+                   kv_capacity_tokens=r["kv_capacity_tokens"], time_to_generate_s=r["time_to_generate_s"],
+                   fits=r["fits"], output_tokens_per_s_interval=tuple(iv) if iv is not None else None,
+                   time_to_generate_s_interval=tuple(tv) if tv is not None else None, layout=r["layout"],
+                   reason=r["reason"])
+
+
+def predict_generations(scs: list[GenScenario], *, model: GenerationModel | None = None) -> list[GenerationPrediction]:
+    return [GenerationPrediction.from_row(r) for r in predict_generation(scs, model=model).to_dicts()]
+
+
+def load_generation_model(path=None) -> GenerationModel:
+    """The shipped generation model, or the one in a predictor folder (its `generate/` subfolder, or the folder)."""
+    from pathlib import Path
+
+    from perfpredict.core.errors import PerfPredictError
+
+    if path is None:
+        return default_model()
+    p = Path(path)
+    for cand in (p / "generate", p):
+        if (cand / "metadata.json").is_file():
+            return GenerationModel.load(cand)
+    raise PerfPredictError(f"--predictor {p}: no generation model there (looked for {p / 'generate' / 'metadata.json'}"
+                           f" and {p / 'metadata.json'}); the shipped one is used when --predictor is not given")
 
 
 @cache

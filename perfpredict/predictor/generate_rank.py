@@ -8,6 +8,7 @@ or whose KV pool cannot hold one request of max_model_len is dropped with that r
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.formatting import merge_counts, num
 from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
@@ -23,6 +25,7 @@ from perfpredict.features.generate import default_max_num_seqs
 from perfpredict.features.plans import powers_of_two
 
 MNS_CANDIDATES = (64, 256, 1024)
+CPU_KV_SPACE_DEFAULT_GIB = 4  # vLLM's VLLM_CPU_KVCACHE_SPACE default, what features.generate sizes the pool with
 
 
 @dataclass
@@ -32,6 +35,9 @@ class GenRanking:
     workload: GenWorkload
     table: pl.DataFrame                       # every candidate, fitting or not, best first
     rejections: Counter = field(default_factory=Counter)
+    # The engine settings every layout was ranked with: --emit vllm writes these, not defaults.
+    gpu_memory_utilization: float = 0.9
+    kv_space_gib: float | None = None
 
     @property
     def fitting(self) -> pl.DataFrame:
@@ -77,20 +83,38 @@ def rank_generate(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, 
                                + "; ".join(rej))
     scs = [GenScenario(model=model, cluster=cluster, workload=workload, layout=lay) for lay in lays]
     df = predict_generation(scs, model=gen_model)
+    # One line per layout and cause: the max_num_seqs variants of a layout differ only in their numbers.
+    first: dict[str, str] = {}
     for r in df.filter(~pl.col("fits")).iter_rows(named=True):
-        rej[f"{r['layout'].split(' mns')[0]}: {r['reason'] or 'does not fit'}"] += 1
+        where, why = r["layout"].split(" mns")[0], r["reason"] or "does not fit"
+        rej[first.setdefault(f"{where}: {_NUMBER.sub('#', why)}", f"{where}: {why}")] += 1
     df = df.sort(["fits", "output_tokens_per_s"], descending=[True, True], nulls_last=True)
     df = df.with_columns(rank=pl.int_range(1, df.height + 1))
-    return GenRanking(model=model, cluster=cluster, workload=workload, table=df, rejections=rej)
+    return GenRanking(model=model, cluster=cluster, workload=workload, table=df, rejections=rej,
+                      gpu_memory_utilization=gpu_memory_utilization, kv_space_gib=kv_space_gib)
+
+
+# Numbers in a cause (activation GiB per max_num_seqs) do not make a rejection cause of their own.
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def headline(r: GenRanking) -> str:
+    """What `generate rank` prints above its table: the workload, and how many layouts fit or why not."""
+    w, f = r.workload, r.fitting
+    rejected = merge_counts(r.rejections.most_common(4))
+    return (f"{r.model.name} generating on {r.cluster.gpus} x {r.cluster.gpu.name}: {w.prompts:,} prompts x "
+            f"{w.samples_per_prompt} samples, {w.input_len} in / {w.output_len} out ({w.output_tokens:,} output "
+            f"tokens)\n{r.table.height} layouts considered, {f.height} fit"
+            + ("; rejected: " + "; ".join(rejected) if rejected else ""))
 
 
 def explain(r: GenRanking) -> str:
     f = r.fitting
     if f.height == 0:
-        return "no layout fits: " + "; ".join(f"{k} ({n})" for k, n in r.rejections.most_common(3))
+        return "no layout fits: " + "; ".join(merge_counts(r.rejections.most_common(3)))
     a = f.row(0, named=True)
-    lines = [f"#1 {a['layout']}: {a['output_tokens_per_s']:.4g} output tok/s "
-             f"({a['output_tokens_per_s_per_gpu']:.4g} per device), KV {a['kv_capacity_tokens']:,} tokens per replica, "
+    lines = [f"#1 {a['layout']}: {num(a['output_tokens_per_s'])} output tok/s "
+             f"({num(a['output_tokens_per_s_per_gpu'])} per device), KV {a['kv_capacity_tokens']:,} tokens per replica, "
              f"weights {a['weights_gib_per_rank']:.1f} GiB per device, decode batch ~{a['decode_batch']:.0f}"]
     # The same max_num_seqs at other TP degrees: what TP buys or costs.
     same = f.filter((pl.col("max_num_seqs") == a["max_num_seqs"]) & (pl.col("layout") != a["layout"]))
@@ -106,18 +130,20 @@ def explain(r: GenRanking) -> str:
             why = "fewer sequences per pipeline micro-batch or more stage sends per token"
         else:
             why = "smaller GEMMs per device at the same batch"
-        lines.append(f"vs {b['layout']}: {b['output_tokens_per_s']:.4g} tok/s "
+        lines.append(f"vs {b['layout']}: {num(b['output_tokens_per_s'])} tok/s "
                      f"({100 * (a['output_tokens_per_s'] / b['output_tokens_per_s'] - 1):+.0f}% for #1); "
                      f"KV {b['kv_capacity_tokens']:,} per replica, batch ~{b['decode_batch']:.0f}: {why}")
     if r.rejections:
-        lines.append("not run: " + "; ".join(f"{k} ({n})" for k, n in r.rejections.most_common(4)))
+        lines.append("not run: " + "; ".join(merge_counts(r.rejections.most_common(4))))
     return "\n".join(lines)
 
 
 # --- emit ---------------------------------------------------------------------------------------------------------
-def emit_vllm(r: GenRanking, *, model_id: str, out_dir: Path | str, rank_no: int = 1) -> list[Path]:
+def emit_vllm(r: GenRanking, *, out_dir: Path | str, model_id: str | None = None, rank_no: int = 1) -> list[Path]:
     """`vllm serve` arguments, an offline `LLM(...)` script splitting the prompts over replicas, and a launch
-    script starting one server per replica on disjoint devices."""
+    script starting one server per replica on disjoint devices, with the engine settings the layout was ranked
+    with. The model is named by its Hugging Face id where the catalog knows it (what `vllm serve` loads)."""
+    model_id = model_id or getattr(r.model, "hf_id", None) or r.model.name
     f = r.fitting
     if f.height < rank_no:
         raise PerfPredictError("nothing fits, so there is no layout to emit")
@@ -132,14 +158,14 @@ def emit_vllm(r: GenRanking, *, model_id: str, out_dir: Path | str, rank_no: int
             "max_num_seqs": row["max_num_seqs"], "max_model_len": mml, "enable_prefix_caching": True,
             "dtype": "bfloat16" if w.precision == "bf16" else w.precision}
     if not cpu:
-        args["gpu_memory_utilization"] = 0.9
+        args["gpu_memory_utilization"] = r.gpu_memory_utilization
     cli = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items() if not isinstance(v, bool))
     lines = ["#!/usr/bin/env bash", f"# perfpredict: {row['layout']} for {r.model.name} on {r.cluster.gpus} x "
-             f"{r.cluster.gpu.name}; predicted {row['output_tokens_per_s']:.4g} output tok/s in all", "set -euo pipefail",
+             f"{r.cluster.gpu.name}; predicted {num(row['output_tokens_per_s'])} output tok/s in all", "set -euo pipefail",
              'MODEL="${MODEL:-' + model_id + '}"']
     for i in range(row["replicas"]):
         devs = list(range(i * per, (i + 1) * per))
-        env = (f'VLLM_CPU_OMP_THREADS_BIND="{"|".join(map(str, devs))}" VLLM_CPU_KVCACHE_SPACE=4'
+        env = (f'VLLM_CPU_OMP_THREADS_BIND="{"|".join(map(str, devs))}" VLLM_CPU_KVCACHE_SPACE={r.kv_space_gib or CPU_KV_SPACE_DEFAULT_GIB:g}'
                if cpu else f"CUDA_VISIBLE_DEVICES={','.join(map(str, devs))}")
         lines.append(f'{env} vllm serve "$MODEL" {cli} --port {8000 + i} > replica{i}.log 2>&1 &')
     lines += ["wait"]

@@ -61,3 +61,24 @@ def pareto_plot(ranking, path: Path | str) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def layouts_plot(r, path: Path) -> Path:
+    """KV capacity per replica against predicted output tokens/s, one colour per TP degree."""
+    import polars as pl
+
+    plt = _pyplot()
+    f = r.fitting
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for tp in sorted(set(f["tp"].to_list())):
+        s = f.filter(pl.col("tp") == tp)
+        ax.scatter(s["kv_capacity_tokens"].to_list(), s["output_tokens_per_s"].to_list(), label=f"TP{tp}", s=30)
+    ax.set_xscale("log")
+    ax.set_xlabel("KV capacity per replica (tokens)")
+    ax.set_ylabel("predicted output tokens/s (all replicas)")
+    ax.set_title(f"{r.model.name} on {r.cluster.gpus} x {r.cluster.gpu.name}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -136,3 +136,45 @@ def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, targe
         if r.fitting.height and r.fitting["samples_per_s"][0] >= target_samples_per_s:
             return r
     return None
+
+
+EXPLAIN_PARTS = (("compute", "b_compute_s"), ("TP communication", "b_tp_comm_s"), ("DP communication", "b_dp_comm_s"),
+                 ("pipeline communication", "b_pp_comm_s"), ("pipeline bubble", "b_bubble_s"),
+                 ("optimizer/offload", "b_optimizer_s"))
+
+
+def explain(ranking: Ranking) -> str:
+    """Why the best fitting plan beats the second, term by term (the `--explain` text)."""
+    from perfpredict.core.formatting import num
+
+    df = ranking.fitting
+    unit = "pairs" if ranking.workload.is_preference else "samples"
+    if df.height < 2:
+        return "only one plan fits: nothing to compare"
+    a, b = df.row(0, named=True), df.row(1, named=True)
+    diffs = sorted(((b[k] - a[k], name) for name, k in EXPLAIN_PARTS), reverse=True)
+    lines = [f"#1 {a['plan']}: {num(a['samples_per_s'])} {unit}/s, step {a['step_time_s']:.3g} s, "
+             f"{a['peak_memory_gib']:.1f} GiB",
+             f"#2 {b['plan']}: {num(b['samples_per_s'])} {unit}/s, step {b['step_time_s']:.3g} s, "
+             f"{b['peak_memory_gib']:.1f} GiB",
+             f"#1 is {100 * (a['samples_per_s'] / b['samples_per_s'] - 1):.1f}% faster. Per step (s), #1 vs #2:"]
+    for name, k in EXPLAIN_PARTS:
+        lines.append(f"  {name:<24} {a[k]:8.3f} vs {b[k]:8.3f}")
+    gain, why = diffs[0]
+    if gain > 0:
+        lines.append(f"The main gain is {why} ({gain:.3f} s less per step).")
+    lines.append(f"Memory: states {a['m_states_gib']:.1f} vs {b['m_states_gib']:.1f}, activations "
+                 f"{a['m_activations_gib']:.1f} vs {b['m_activations_gib']:.1f}, logits {a['m_logits_gib']:.1f} vs "
+                 f"{b['m_logits_gib']:.1f}, reference {a['m_reference_gib']:.1f} vs {b['m_reference_gib']:.1f}, "
+                 f"gathered parameters {a['m_other_gib']:.1f} vs {b['m_other_gib']:.1f} GiB (the peak rank's parts; "
+                 "they add up to its peak).")
+    return "\n".join(lines)
+
+
+def misses_line(ranking: Ranking, n: int = 3) -> str:
+    """The closest plans that do not fit, and by how much."""
+    miss = ranking.misses.head(n)
+    return (f"closest misses (a plan fits when its predicted peak x {1 + ranking.oom_margin:.2f}, the margin "
+            "calibrated on held-out OOM outcomes, stays within GPU memory): "
+            + "; ".join(f"{m['plan']} needs {m['peak_memory_gib']:.1f} GiB of {m['g_memory_gib']:.0f}"
+                        for m in miss.iter_rows(named=True)))

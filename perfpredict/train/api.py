@@ -17,3 +17,14 @@ def train(*, data: Path | str, out: Path | str, seed: int = 0, evaluate_too: boo
         res = evaluate(data=data, seed=seed, progress=progress)
         bundle.metadata["evaluation"] = res["metrics"].to_dicts()
     return bundle.save(out)
+
+
+def training_summary(path: Path | str) -> str:
+    """What `perfpredict train` prints about the predictor it saved."""
+    import json
+
+    meta = json.loads((Path(path) / "metadata.json").read_text())
+    iv = meta["intervals_log10"]
+    return (f"trained on {meta['rows']} -> [bold]{path}[/]\n"
+            f"launch floor per kernel {meta['launch_floor_s']}; OOM margin {meta['oom_margin']:+.3f}; 90% "
+            f"intervals (log10) outside the data: time {iv['time']['outside']}, memory {iv['memory']['outside']}")

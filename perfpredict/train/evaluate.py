@@ -293,3 +293,25 @@ def describe_trl(raw: pl.DataFrame) -> pl.DataFrame:
 
     return describe(raw).filter(c("outcome") == "ok").with_columns(
         trl_mode=trl_mode())
+
+
+def check_selection(*, splits: list[str] | None = None, variants: list[str] | None = None
+                    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The splits and correction variants to evaluate (default: all splits, the shipped variant), or one error
+    naming the unknown ones and what is accepted."""
+    from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS
+
+    chosen_splits = tuple(splits or SPLITS)
+    chosen_variants = tuple(variants or (DEFAULT_VARIANT.name,))
+    bad = [s for s in chosen_splits if s not in SPLITS] + [v for v in chosen_variants if v not in VARIANTS]
+    if bad:
+        raise PerfPredictError(f"unknown split/variant {bad}; splits: {', '.join(SPLITS)}; "
+                               f"variants: {', '.join(VARIANTS)}")
+    return chosen_splits, chosen_variants
+
+
+def metrics_records(res: dict) -> list[dict]:
+    """What `evaluate --json` writes: the metric rows, then the TRL rows tagged {"table": "trl"}."""
+    trl = res.get("metrics_trl")
+    return res["metrics"].to_dicts() + ([{"table": "trl", **r} for r in trl.to_dicts()]
+                                        if trl is not None and trl.height else [])

@@ -25,16 +25,18 @@ _WRITES = {"deepspeed": "DeepSpeed ZeRO configs", "fsdp": "an accelerate FSDP co
            "trl": "a TRL trainer config and its accelerate (DDP, DeepSpeed or FSDP) files"}
 
 
+def _owns(target: str, framework: str) -> bool:
+    cap = CAPABILITIES[framework]
+    return framework == target or cap.emit_target == target or (target == "trl" and framework in TRL_FRAMEWORKS)
+
+
 def _fit_framework(target: str):
     """The target named after a framework runs exactly what the capability table says that framework runs, and the
     plans of frameworks whose table row names it as their emit target (trl+deepspeed -> deepspeed); the `trl`
     target writes every TRL backend's files."""
 
     def fit_target(plan: Plan, model: ModelSpec) -> str | None:
-        cap = CAPABILITIES[plan.framework]
-        ours = plan.framework == target or cap.emit_target == target or (
-            target == "trl" and plan.framework in TRL_FRAMEWORKS)
-        if not ours:
+        if not _owns(target, plan.framework):
             return f"it writes {_WRITES[target]} and this is a {plan.framework} plan"
         return why_not(plan, model)
 
@@ -60,6 +62,13 @@ def _fit_torchrun(plan: Plan, workload: Workload, model: ModelSpec) -> str | Non
         return ("NeMo-Aligner's optimizer is distributed_fused_adam (ZeRO-1-like sharding): no ZeRO-2/3 or "
                 "optimizer offload")
     return None
+
+
+def frameworks_for(target: str) -> set[str]:
+    """The frameworks whose plans `target` can write (before any plan is looked at)."""
+    if target == "torchrun":
+        return {f for f, c in CAPABILITIES.items() if c.rankable and c.emit_target in _FIT}
+    return {f for f, c in CAPABILITIES.items() if c.rankable and _owns(target, f)}
 
 
 def fit(target: str, plan: Plan, workload: Workload, model: ModelSpec) -> str | None:

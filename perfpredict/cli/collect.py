@@ -1,10 +1,7 @@
-"""`perfpredict collect ...`: thin typer commands over the keyword-only library functions.
+"""`perfpredict collect probes|runs|trl` and `perfpredict generate collect`: measure this machine.
 
-    perfpredict collect probes [--quick] [--out DIR]
-    perfpredict collect runs [--plans N] [--models M ...] [--out DIR] [--timeout S] [--seed N]
-    perfpredict collect trl [--configs N] [--backends single,ddp,fsdp,deepspeed] [--zero-stages 1,2,3] [--shapes S ...] [--out DIR] [--seed N]
-
-Bad input raises PerfPredictError (one line; the top-level CLI prints it)."""
+Each command needs torch (and vLLM for generation) only when it runs; bad input raises PerfPredictError, which
+`friendly` prints as one line."""
 
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ from pathlib import Path
 
 import typer
 
+from perfpredict.cli._util import collect_app, command, generate_app
 from perfpredict.core.errors import PerfPredictError
-
-app = typer.Typer(help="Measure kernels, collectives and training steps on this machine (needs torch).",
-                  no_args_is_help=True, add_completion=False)
 
 
 def _command() -> str:
@@ -26,7 +21,7 @@ def _command() -> str:
     return shlex.join(argv)
 
 
-@app.command()
+@command("probes", on=collect_app)
 def probes(quick: bool = typer.Option(False, "--quick", help="A < 2 minute subset (CPU)."),
            out: Path | None = typer.Option(None, "--out", help="Folder for probes.parquet "
                                            "(default datasets/ours/<hardware hash>)."),
@@ -42,7 +37,7 @@ def probes(quick: bool = typer.Option(False, "--quick", help="A < 2 minute subse
     console.print(f"{df.height} probe rows ({bad} failed) appended to {path}")
 
 
-@app.command()
+@command("runs", on=collect_app)
 def runs(plans: int = typer.Option(20, "--plans", help="Number of sampled plans to measure."),
          models: list[str] | None = typer.Option(None, "--models", help="Sweep model shapes (repeatable); "
                                                  "default: all."),
@@ -71,7 +66,7 @@ def runs(plans: int = typer.Option(20, "--plans", help="Number of sampled plans 
               command=_command(), max_retries=retries)
 
 
-@app.command()
+@command("collect", on=generate_app)
 def generate(groups: int = typer.Option(14, "--groups", help="Groups to measure; each group is one model shape, "
                                         "engine knobs and 4 workloads, timed under every layout of the cores."),
              repeats: int = typer.Option(2, "--repeats", help="Timings of each workload per engine start."),
@@ -97,7 +92,7 @@ def generate(groups: int = typer.Option(14, "--groups", help="Groups to measure;
     typer.echo(f"rows in {path}")
 
 
-@app.command()
+@command("trl", on=collect_app)
 def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TRL configurations (same seed "
                                     "resumes: configs already in trl.parquet are skipped)."),
         backends: str = typer.Option("single,ddp", "--backends", help="Comma-separated: single, ddp, fsdp, "
@@ -154,14 +149,3 @@ def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TR
                        ds_worlds=worlds, command=_command(), log=lambda s: typer.echo(s, err=True))
     typer.echo(f"rows in {path}")
 
-
-def main() -> None:  # standalone use: python -m perfpredict.collect.cli
-    try:
-        app()
-    except PerfPredictError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise SystemExit(2) from None
-
-
-if __name__ == "__main__":
-    main()

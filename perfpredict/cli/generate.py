@@ -1,0 +1,203 @@
+"""`perfpredict generate rank|evaluate` and `perfpredict iteration`: vLLM layouts for generating preference data,
+and how to split GPUs between generation and training in online DPO."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import polars as pl
+import typer
+from rich.table import Table
+
+from perfpredict.cli._util import (
+    CsvOpt,
+    DataOpt,
+    EmitDirOpt,
+    ExplainOpt,
+    GlobalBatchOpt,
+    GpuOpt,
+    GpusPerNodeOpt,
+    InputLenOpt,
+    JsonOpt,
+    ModelOpt,
+    OutputLenOpt,
+    PrecisionOpt,
+    PredictorOpt,
+    SamplesOpt,
+    SeedOpt,
+    TopOpt,
+    check_outputs,
+    command,
+    console,
+    generate_app,
+    machine_readable,
+    write_text,
+)
+from perfpredict.core.formatting import num, num_range, pct, seconds
+
+
+def layout_table(df: pl.DataFrame, title: str) -> Table:
+    t = Table(title=title)
+    for h in ("#", "layout", "out tok/s [90%]", "per device", "total tok/s", "KV tokens/replica", "weights GiB/dev",
+              "finish"):
+        t.add_column(h, justify="left" if h == "layout" else "right")
+    for x in df.iter_rows(named=True):
+        lo, hi = x["output_tokens_per_s_interval"]
+        t.add_row(str(x["rank"]), x["layout"], f"{num(x['output_tokens_per_s'])} [{num_range(lo, hi)}]",
+                  num(x["output_tokens_per_s_per_gpu"]), num(x["total_tokens_per_s"]),
+                  f"{x['kv_capacity_tokens']:,}", f"{x['weights_gib_per_rank']:.1f}", seconds(x["time_to_generate_s"]))
+    return t
+
+
+def flat_for_csv(df: pl.DataFrame) -> pl.DataFrame:
+    """CSV cells hold one value: each [lo, hi] interval becomes its own _lo and _hi columns."""
+    cols = []
+    for c, t in df.schema.items():
+        if isinstance(t, pl.List):
+            cols += [pl.col(c).list.get(0).alias(f"{c}_lo"), pl.col(c).list.get(1).alias(f"{c}_hi")]
+        else:
+            cols.append(pl.col(c))
+    return df.select(cols)
+
+
+def write_tables(df: pl.DataFrame, *, json_out: str | None, csv_out: str | None, top: int) -> None:
+    if json_out:
+        write_text(json_out, json.dumps(df.head(top).to_dicts(), default=str))
+    if csv_out:
+        write_text(csv_out, flat_for_csv(df).write_csv())
+
+
+@command("rank", on=generate_app)
+def generate_rank_cmd(
+    model: ModelOpt,
+    gpu: GpuOpt,
+    prompts: Annotated[int, typer.Option(help="prompts to generate for", show_default=False)],
+    gpus: Annotated[int, typer.Option(help="devices to lay replicas and stages over")] = 8,
+    gpus_per_node: GpusPerNodeOpt = 8,
+    samples_per_prompt: SamplesOpt = 1,
+    input_len: InputLenOpt = 512,
+    output_len: OutputLenOpt = 512,
+    precision: PrecisionOpt = "bf16",
+    max_num_seqs: Annotated[list[int] | None, typer.Option(help="only these max_num_seqs (repeatable)")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's gpu_memory_utilization (GPUs)")] = 0.9,
+    kv_space_gib: Annotated[float | None, typer.Option(help="VLLM_CPU_KVCACHE_SPACE per rank (CPU hosts only)")] = None,
+    top: TopOpt = 10,
+    explain: ExplainOpt = False,
+    json_out: JsonOpt = None,
+    csv_out: CsvOpt = None,
+    plot: Annotated[Path | None, typer.Option(help="KV capacity vs throughput PNG, one colour per TP degree")] = None,
+    emit: Annotated[str | None, typer.Option(help="vllm: serve/offline scripts for #1")] = None,
+    emit_dir: EmitDirOpt = Path("perfpredict-plan"),
+    predictor: PredictorOpt = None,
+) -> None:
+    """Rank vLLM layouts (TP, PP, replicas, max_num_seqs) by predicted generation throughput."""
+    from perfpredict.api import rank_generation
+    from perfpredict.core.errors import PerfPredictError, check_int
+    from perfpredict.core.paths import writable_dir
+    from perfpredict.predictor import generate_rank as gr
+
+    check_int("--top", top, 1, 1 << 30)
+    check_outputs(json_out=json_out, csv_out=csv_out, plot=plot)
+    if emit is not None:
+        if emit != "vllm":
+            raise PerfPredictError(f"unknown --emit target {emit!r} for generation; accepted: vllm (training "
+                                   "configs come from `perfpredict rank --emit`)")
+        writable_dir("--emit-dir", emit_dir)
+    say = (lambda *a, **k: None) if machine_readable(json_out, csv_out) else console.print
+    r = rank_generation(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
+                        samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
+                        precision=precision, max_num_seqs=max_num_seqs, kv_space_gib=kv_space_gib,
+                        gpu_memory_utilization=gpu_memory_utilization, predictor=predictor)
+    f = r.fitting
+    say(gr.headline(r))
+    if f.height:
+        say(layout_table(f.head(top), f"top {min(top, f.height)} layouts by predicted output tokens/s"))
+    if explain:
+        say(gr.explain(r))
+    write_tables(r.table, json_out=json_out, csv_out=csv_out, top=top)
+    if plot is not None:
+        from perfpredict.predictor.plots import layouts_plot
+
+        say(f"plot: {layouts_plot(r, plot)}")
+    if emit:
+        for p in gr.emit_vllm(r, out_dir=emit_dir):
+            say(f"wrote {p}")
+
+
+@command("iteration")
+def iteration_cmd(
+    model: ModelOpt,
+    gpu: GpuOpt,
+    prompts: Annotated[int, typer.Option(help="prompts to generate for each iteration", show_default=False)],
+    gpus: Annotated[int, typer.Option(help="devices split between generation and training")] = 8,
+    gpus_per_node: GpusPerNodeOpt = 8,
+    samples_per_prompt: SamplesOpt = 1,
+    input_len: InputLenOpt = 512,
+    output_len: OutputLenOpt = 512,
+    precision: PrecisionOpt = "bf16",
+    global_batch: GlobalBatchOpt = 64,
+    top: TopOpt = 10,
+    json_out: JsonOpt = None,
+    csv_out: CsvOpt = None,
+    predictor: PredictorOpt = None,
+) -> None:
+    """Online DPO: split the devices between vLLM generation and DPO training, fastest iteration first."""
+    from perfpredict.api import rank_iteration
+    from perfpredict.core.errors import check_int
+
+    check_int("--top", top, 1, 1 << 30)
+    check_outputs(json_out=json_out, csv_out=csv_out)
+    say = (lambda *a, **k: None) if machine_readable(json_out, csv_out) else console.print
+    rep = rank_iteration(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
+                         samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
+                         precision=precision, global_batch=global_batch, predictor=predictor)
+    df = rep.table
+    say(rep.headline)
+    t = Table("#", "generate on", "layout", "train on", "plan", "generate", "train", "iteration", "pairs/s")
+    for r in df.head(top).iter_rows(named=True):
+        t.add_row(str(r["rank"]), str(r["gen_devices"]), r["gen_layout"], str(r["train_devices"]), r["train_plan"],
+                  seconds(r["generate_s"]), seconds(r["train_s"]), seconds(r["iteration_s"]), num(r["pairs_per_s"]))
+    say(t)
+    write_tables(df, json_out=json_out, csv_out=csv_out, top=top)
+
+
+@command("evaluate", on=generate_app)
+def generate_evaluate_cmd(
+    data: DataOpt = Path("datasets"),
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = None,
+    save: Annotated[bool, typer.Option(help="save the model fitted on all rows as the shipped one")] = False,
+) -> None:
+    """Held-out accuracy of the generation model on measured vLLM runs (and refit it with --save)."""
+    from perfpredict.train.generate import evaluate, vidur_root
+
+    check_outputs(json_out=json_out)
+    say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
+    res = evaluate(data, seed=seed)
+    model = res.pop("model")
+    say(f"{res['rows']:,} measured vLLM rows ({res['ok_rows']:,} ok) -> {res['configs']:,} configurations "
+        f"(median of gated repeats; repeat spread median CV {pct(res['repeat_cv_median'])})")
+    kv = res["kv_capacity"]
+    say(f"KV capacity vs the engine's log line, {kv['engines']} engines: max error {pct(kv['max_rel_err'], 2)}, "
+        f"mean {pct(kv['mean_rel_err'], 2)}")
+    t = Table("held out", "train", "test", "MAPE", "median APE", "MAPE w/o correction", "best layout", "within 5%",
+              "within noise", "regret", "cases", title="output tokens/s on held-out vLLM runs")
+    for s in res["splits"]:
+        t.add_row(s["split"], f"{s['train_rows']:,}", f"{s['test_rows']:,}", pct(s["mape"]), pct(s["median_ape"]),
+                  pct(s["mape_without_correction"]), pct(s["best_exact"], 0), pct(s["best_within_5pct"], 0),
+                  pct(s["best_within_noise"], 0), pct(s["mean_regret"]), str(s["cases"]))
+    say(t)
+    if "vidur_decode_layer" in res:
+        t = Table("gpu", "layers x tp x tokens", "median composed/measured", "mean |error|", "p90 |error|",
+                  title="GPU decode layer (GEMMs, norms, activation, residual) vs Vidur's per-op profiles "
+                        f"({vidur_root(data)})")
+        for r in res["vidur_decode_layer"]:
+            t.add_row(r["gpu"], f"{r['n']:,}", f"{r['median']:.3f}", pct(r["mape"]), pct(r["p90"]))
+        say(t)
+    if json_out:
+        write_text(json_out, json.dumps(res, indent=1, default=str))
+    if save:
+        say(f"saved the model trained on all rows to {model.save()}")
+

@@ -1,0 +1,128 @@
+"""`perfpredict rank`: every legal training plan ranked by predicted throughput."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import polars as pl
+import typer
+from rich.table import Table
+
+from perfpredict.cli._util import (
+    CsvOpt,
+    EmitDirOpt,
+    ExplainOpt,
+    FrameworkOpt,
+    GlobalBatchOpt,
+    GpuOpt,
+    GpusPerNodeOpt,
+    InterBwOpt,
+    IntraBwOpt,
+    JsonOpt,
+    ModelOpt,
+    ObjectiveOpt,
+    PrecisionOpt,
+    PredictorOpt,
+    SeqLenOpt,
+    TopOpt,
+    check_outputs,
+    command,
+    console,
+    machine_readable,
+    write_text,
+)
+from perfpredict.core.formatting import hours, num
+
+
+def plan_table(df: pl.DataFrame, unit: str, title: str) -> Table:
+    t = Table(title=title)
+    for h in ("#", "plan", f"{unit}/s", "finish", "peak GiB [90%]", "MFU", "dominated by"):
+        t.add_column(h, justify="right" if h not in ("plan", "dominated by") else "left")
+    for r in df.iter_rows(named=True):
+        t.add_row(str(r["rank"]), r["plan"], num(r["samples_per_s"]), hours(r["time_to_finish_h"]),
+                  f"{r['peak_memory_gib']:.1f} [{r['peak_memory_lo_gib']:.1f}-{r['peak_memory_hi_gib']:.1f}]",
+                  f"{100 * r['mfu']:.0f}%", r["dominant"])
+    return t
+
+
+@command("rank")
+def rank_cmd(
+    model: ModelOpt,
+    gpu: GpuOpt,
+    gpus: Annotated[str, typer.Option(help="total GPUs, or 'auto' with --target-pairs-per-s")] = "8",
+    gpus_per_node: GpusPerNodeOpt = 8,
+    intra_node_bw: IntraBwOpt = 0.0,
+    inter_node_bw: InterBwOpt = 0.0,
+    objective: ObjectiveOpt = "dpo",
+    pairs: Annotated[int, typer.Option(help="dataset size: pairs (preference) or samples")] = 0,
+    epochs: Annotated[float, typer.Option(help="passes over the dataset")] = 1.0,
+    seq_len: SeqLenOpt = 2048,
+    global_batch: GlobalBatchOpt = 64,
+    reference: Annotated[str, typer.Option(help="live | precomputed | offloaded | none (default by objective)")] = "",
+    precision: PrecisionOpt = "bf16",
+    framework: FrameworkOpt = None,
+    target_pairs_per_s: Annotated[float, typer.Option(help="throughput target (pairs/s, or samples/s)")] = 0.0,
+    top: TopOpt = 10,
+    explain: ExplainOpt = False,
+    json_out: JsonOpt = None,
+    csv_out: CsvOpt = None,
+    plot: Annotated[Path | None, typer.Option(help="memory vs throughput PNG with the Pareto front")] = None,
+    emit: Annotated[str | None, typer.Option(help="deepspeed | fsdp | megatron | trl | torchrun: configs for #1")] = None,
+    emit_dir: EmitDirOpt = Path("perfpredict-plan"),
+    predictor: PredictorOpt = None,
+) -> None:
+    """Rank every legal training plan by predicted throughput; drop those predicted not to fit.
+
+    vLLM generation layouts: `perfpredict generate rank`; online DPO splits: `perfpredict iteration`."""
+    from perfpredict.api import check_emit_target, rank_report
+    from perfpredict.core.errors import PerfPredictError, check_int, check_number
+    from perfpredict.core.paths import writable_dir
+
+    if gpus != "auto" and not (gpus.isdigit() and int(gpus) > 0):
+        raise PerfPredictError(f"--gpus must be a positive integer or 'auto', got {gpus!r}")
+    check_int("--top", top, 1, 1 << 30)
+    check_number("--target-pairs-per-s", target_pairs_per_s, 0.0, 1e12)
+    if gpus == "auto" and target_pairs_per_s <= 0:
+        raise PerfPredictError("--gpus auto needs --target-pairs-per-s")
+    check_outputs(json_out=json_out, csv_out=csv_out, plot=plot)
+    if emit is not None:
+        check_emit_target(target=emit, frameworks=framework)
+        writable_dir("--emit-dir", emit_dir)
+    say = (lambda *a, **k: None) if machine_readable(json_out, csv_out) else console.print
+    rep = rank_report(model=model, gpu=gpu, gpus=None if gpus == "auto" else int(gpus), gpus_per_node=gpus_per_node,
+                      intra_node_bw=intra_node_bw, inter_node_bw=inter_node_bw, objective=objective,
+                      dataset_size=pairs, epochs=epochs, seq_len=seq_len, global_batch=global_batch,
+                      reference=reference, precision=precision, frameworks=framework,
+                      target_samples_per_s=target_pairs_per_s, predictor=predictor)
+    r = rep.ranking
+    unit = "pairs" if r.workload.is_preference else "samples"
+    fit = r.fitting
+    say(rep.headline)
+    for note in rep.notes:
+        say(note)
+    if fit.height:
+        say(plan_table(fit.head(top), unit, f"top {min(top, fit.height)} plans by predicted {unit}/s"))
+    if r.misses.height:
+        say(rep.misses)
+    if explain and fit.height:
+        say(rep.explain)
+    if json_out:
+        write_text(json_out, json.dumps(r.table.head(top).to_dicts(), default=str))
+    if csv_out:
+        write_text(csv_out, r.table.write_csv())
+    if plot is not None:
+        from perfpredict.predictor.plots import pareto_plot
+
+        say(f"plot: {pareto_plot(r, plot)}")
+    if emit:
+        from perfpredict.api import emit_winner
+
+        if not fit.height:
+            raise PerfPredictError("nothing fits, so there is no plan to emit")
+        rank_no, paths = emit_winner(ranking=r, target=emit, out_dir=emit_dir)
+        say(f"emitting plan #{rank_no} for {emit}" + ("" if rank_no == 1 else
+                                                       f" (#1 cannot be run by {emit}; #{rank_no} is the best it can)"))
+        for p in paths:
+            say(f"wrote {p}")
