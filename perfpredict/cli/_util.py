@@ -30,7 +30,7 @@ _ABORT = getattr(click_exc, "Abort", ())
 # names ("--gpu-memory-utiliz…"), the plain layout wraps the help text and keeps every name whole.
 CONTEXT = {"max_content_width": 120}
 
-console = stdout_console(piped_width=160)
+console = stdout_console()
 err = stderr_console(piped_width=None)
 
 
