@@ -307,20 +307,28 @@ def predict_generation_file(*, path: Path | str, predictor: Path | str | None = 
     return predict_generations(scs, model=load_generation_model(predictor))
 
 
+def _generation_setup(*, model, gpu: str, gpus: int, gpus_per_node: int, prompts: int, samples_per_prompt: int,
+                      input_len: int, output_len: int, precision: str):
+    from perfpredict.core.generate import GenWorkload
+
+    check_int("prompts", prompts, 1, 1 << 40)
+    cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node)
+    w = GenWorkload(prompts=prompts, samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
+                    precision=precision)
+    return _model(model), cluster, w
+
+
 def rank_generation(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, prompts: int,
                     samples_per_prompt: int = 1, input_len: int = 512, output_len: int = 512, precision: str = "bf16",
                     max_num_seqs: list[int] | None = None, kv_space_gib: float | None = None,
                     gpu_memory_utilization: float = 0.9, predictor: Path | str | None = None):
     """vLLM layouts (TP, PP, replicas, max_num_seqs) of a generation workload, best predicted throughput first."""
-    from perfpredict.core.generate import GenWorkload
     from perfpredict.predictor.generate import load_generation_model
     from perfpredict.predictor.generate_rank import rank_generate
 
-    check_int("prompts", prompts, 1, 1 << 40)
-    m = _model(model)
-    cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node)
-    w = GenWorkload(prompts=prompts, samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
-                    precision=precision)
+    m, cluster, w = _generation_setup(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
+                                      samples_per_prompt=samples_per_prompt, input_len=input_len,
+                                      output_len=output_len, precision=precision)
     if kv_space_gib is not None and not cluster.gpu.is_cpu:
         raise PerfPredictError("--kv-space-gib is VLLM_CPU_KVCACHE_SPACE, for CPU hosts; on GPUs the KV pool follows "
                                "--gpu-memory-utilization")
@@ -332,14 +340,11 @@ def rank_iteration(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, p
                    samples_per_prompt: int = 1, input_len: int = 512, output_len: int = 512, precision: str = "bf16",
                    global_batch: int = 64, predictor: Path | str | None = None):
     """Splits of the devices between vLLM generation and DPO training for one online-DPO iteration, fastest first."""
-    from perfpredict.core.generate import GenWorkload
     from perfpredict.predictor.generate_rank import rank_iteration as _rank_iteration
 
-    check_int("prompts", prompts, 1, 1 << 40)
-    m = _model(model)
-    cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node)
-    w = GenWorkload(prompts=prompts, samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
-                    precision=precision)
+    m, cluster, w = _generation_setup(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
+                                      samples_per_prompt=samples_per_prompt, input_len=input_len,
+                                      output_len=output_len, precision=precision)
     df = _rank_iteration(model=m, cluster=cluster, workload=w, global_batch=global_batch, predictor=predictor)
     return IterationReport(table=df, headline=(
         f"online DPO on {cluster.gpus} x {cluster.gpu.name}: {prompts:,} prompts x {samples_per_prompt} samples, "
