@@ -40,7 +40,7 @@ class Upstream:
     software: dict[str, Any] = field(default_factory=dict)
 
     def command(self, module: str, relpath: str) -> str:
-        return (f"perfpredict.train.importers.{module} from shared/data/public/{self.folder}/{relpath} "
+        return (f"perfpredict.importers.{module} from shared/data/public/{self.folder}/{relpath} "
                 f"@ {self.repo}@{self.commit}")
 
     def provenance(self, module: str, relpath: str, hardware: str, fingerprint: dict[str, Any],
