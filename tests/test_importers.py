@@ -15,7 +15,7 @@ import pytest
 from perfpredict.core.dataset import PROVENANCE, SCHEMA_VERSION, probe_schema
 from perfpredict.importers import IMPORTERS, azure, import_public, playbook, vidur, vtrain
 from perfpredict.importers.__main__ import main
-from perfpredict.importers.common import log_spaced, run_id, runs_schema
+from perfpredict.importers.common import COMMAND_PREFIX, log_spaced, run_id, runs_schema
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "datasets" / "public"
@@ -260,7 +260,7 @@ def test_committed_parquet_schema_and_provenance(path):
         assert df[col].null_count() == 0, f"{path.name}: null {col}"
     assert set(df["source"]) == {path.parent.name}
     assert set(df["schema_version"]) == {SCHEMA_VERSION}
-    assert df["command"].str.starts_with("perfpredict.importers.").all()
+    assert df["command"].str.starts_with(f"{COMMAND_PREFIX}.").all()
     assert df["run_id"].n_unique() == df.height
     assert df.filter(pl.col("outcome") == "ok")["time_s" if "time_s" in schema else "step_time_s"].min() > 0
     for fp in df["hardware_fingerprint"].unique():
