@@ -14,8 +14,8 @@ from perfpredict.core.catalog import cpu_names
 pytest.importorskip("torch")
 
 from perfpredict.collect.fingerprint import cpu_cores  # noqa: E402
-from perfpredict.collect.runs import run_one  # noqa: E402
-from perfpredict.collect.sweep import cluster_for  # noqa: E402
+from perfpredict.collect.harness.runs import run_one  # noqa: E402
+from perfpredict.collect.host import cluster_for  # noqa: E402
 from perfpredict.core.dataset import LABEL_COLUMNS, PROVENANCE  # noqa: E402
 from perfpredict.core.model import ModelSpec  # noqa: E402
 from perfpredict.core.plan import Plan  # noqa: E402

@@ -7,8 +7,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from perfpredict.collect import sweep  # noqa: E402
-from perfpredict.collect.runs import run_id, run_one  # noqa: E402
+from perfpredict.collect.harness import sweep  # noqa: E402
+from perfpredict.collect.harness.runs import run_id, run_one  # noqa: E402
+from perfpredict.collect.host import cluster_for  # noqa: E402
 from perfpredict.core.errors import PerfPredictError  # noqa: E402
 from perfpredict.core.model import ModelSpec  # noqa: E402
 from perfpredict.core.plan import Plan  # noqa: E402
@@ -21,7 +22,7 @@ TINY = ModelSpec(name="tiny-test", layers=2, hidden=64, heads=4, kv_heads=2, ffn
 def scenario(plan: Plan = Plan(dp=2, micro_batch=1), objective: str = "sft") -> Scenario:
     w = Workload(objective=objective, seq_len=32, global_batch=plan.micro_batch * plan.grad_accum * plan.dp,
                  precision="fp32")
-    return Scenario(model=TINY, cluster=sweep.cluster_for(plan.gpus), workload=w, plan=plan)
+    return Scenario(model=TINY, cluster=cluster_for(plan.gpus), workload=w, plan=plan)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from perfpredict.collect.trl_grid import COMBOS, SHAPES, TrlConfig, chunks, estimated_step_s, sample_grid
+from perfpredict.collect.trl.grid import COMBOS, SHAPES, TrlConfig, chunks, estimated_step_s, sample_grid
 from perfpredict.core.errors import PerfPredictError
 
 TINY = TrlConfig(trainer="dpo", loss_type="sigmoid", reference="live", backend="single", shape="t1-2k",
@@ -74,8 +74,8 @@ def _fake_result(cfg: TrlConfig) -> dict:
 
 def test_row_schema_and_resume(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from perfpredict.collect import trl_collect
-    from perfpredict.collect.trl_schema import failed_result, trl_row, trl_schema
+    from perfpredict.collect.trl import collect as trl_collect
+    from perfpredict.collect.trl.schema import failed_result, trl_row, trl_schema
     from perfpredict.core.dataset import append_rows
 
     monkeypatch.setattr(trl_collect.fpr, "short_hash", lambda: "cpu-test")
@@ -116,7 +116,7 @@ def test_bad_command_line_is_one_line(args, needle, tmp_path):
 @pytest.mark.slow
 def test_one_tiny_dpo_config_runs_for_real(tmp_path):
     pytest.importorskip("trl")
-    from perfpredict.collect.trl_collect import collect_trl
+    from perfpredict.collect.trl.collect import collect_trl
 
     path = collect_trl(n=1, out_dir=tmp_path, configs=[TINY], warmup=1, steps=2, max_retries=0, timeout_s=120,
                        log=lambda s: None)
@@ -132,7 +132,7 @@ def test_one_tiny_dpo_config_runs_for_real(tmp_path):
 
 def test_forwards_of_reads_each_trainers_batch():
     torch = pytest.importorskip("torch")
-    from perfpredict.collect.trl_trainers import forwards_of
+    from perfpredict.collect.trl.trainers import forwards_of
 
     ids = torch.ones(4, 10, dtype=torch.long)
     mask = torch.ones(4, 10, dtype=torch.long)
@@ -204,9 +204,9 @@ def test_deepspeed_configs_launch_one_at_a_time():
 
 def test_deepspeed_trainer_args_launch_and_row_columns(tmp_path):
     pytest.importorskip("torch")
-    from perfpredict.collect.trl_collect import _env, worker_command
-    from perfpredict.collect.trl_schema import trl_row
-    from perfpredict.collect.trl_trainers import common_args, deepspeed_config
+    from perfpredict.collect.trl.collect import _env, worker_command
+    from perfpredict.collect.trl.schema import trl_row
+    from perfpredict.collect.trl.trainers import common_args, deepspeed_config
     from perfpredict.train.data import trl_rows
 
     args = common_args(DS, steps=3, out_dir=str(tmp_path))
@@ -248,7 +248,7 @@ def test_deepspeed_backend_without_deepspeed_is_one_line(tmp_path):
 def test_one_tiny_deepspeed_config_runs_for_real(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("deepspeed")
-    from perfpredict.collect.trl_collect import collect_trl
+    from perfpredict.collect.trl.collect import collect_trl
 
     path = collect_trl(n=1, out_dir=tmp_path, configs=[DS], warmup=1, steps=2, max_retries=0, timeout_s=180,
                        log=lambda s: None)

@@ -10,10 +10,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from perfpredict.collect import fingerprint, objectives, timing  # noqa: E402
-from perfpredict.collect.model import build_model, shrink  # noqa: E402
-from perfpredict.collect.parallel import build_runner, check_plan  # noqa: E402
-from perfpredict.collect.sweep import SHAPES, estimate_step_s, sample_plans  # noqa: E402
+from perfpredict.collect import fingerprint, timing  # noqa: E402
+from perfpredict.collect.harness import objectives  # noqa: E402
+from perfpredict.collect.harness.model import build_model, shrink  # noqa: E402
+from perfpredict.collect.harness.parallel import build_runner, check_plan  # noqa: E402
+from perfpredict.collect.harness.sweep import SHAPES, estimate_step_s, sample_plans  # noqa: E402
 from perfpredict.core.catalog import get_model  # noqa: E402
 from perfpredict.core.errors import PerfPredictError  # noqa: E402
 from perfpredict.core.model import ModelSpec  # noqa: E402
@@ -182,7 +183,7 @@ def test_sdpa_impl_names_the_backend_that_ran():
     GQA too), the unfused math path when only that backend is allowed."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from perfpredict.collect.probes import sdpa_impl
+    from perfpredict.collect.probes.suite import sdpa_impl
 
     q = torch.randn(1, 4, 64, 32)
     kv = torch.randn(1, 2, 64, 32)

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not _has_vllm(), reason="vLLM
 
 def test_collect_generate_one_engine(tmp_path):
     pytest.importorskip("torch")
-    from perfpredict.collect.generate import collect_generate
+    from perfpredict.collect.vllm.generate import collect_generate
     from perfpredict.features.generate import kv_capacity
     from perfpredict.train.generate import scenario_of
 

@@ -1,4 +1,4 @@
-"""Public-data importers (perfpredict.train.importers) and the committed datasets/public files they produce.
+"""Public-data importers (perfpredict.importers) and the committed datasets/public files they produce.
 
 The importer tests read the upstream copies under shared/data/public (skipped where that folder is absent); the
 checks of the committed parquet files run everywhere."""
@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 
 from perfpredict.core.dataset import PROVENANCE, SCHEMA_VERSION, probe_schema
-from perfpredict.train.importers import IMPORTERS, azure, import_public, playbook, vidur, vtrain
-from perfpredict.train.importers.__main__ import main
-from perfpredict.train.importers.common import log_spaced, run_id, runs_schema
+from perfpredict.importers import IMPORTERS, azure, import_public, playbook, vidur, vtrain
+from perfpredict.importers.__main__ import main
+from perfpredict.importers.common import COMMAND_PREFIX, log_spaced, run_id, runs_schema
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "datasets" / "public"
@@ -220,7 +220,7 @@ def test_import_public_counts_and_committed_files_are_current(imported):
     assert set(counts) == {p.relative_to(out).as_posix() for p in out.rglob("*.parquet")}
     for name, n in counts.items():
         committed = COMMITTED / name
-        assert committed.exists(), f"{committed} missing: rerun python -m perfpredict.train.importers"
+        assert committed.exists(), f"{committed} missing: rerun python -m perfpredict.importers"
         fresh, old = pl.read_parquet(out / name), pl.read_parquet(committed)
         assert old.height == n and fresh.equals(old), f"{committed} is stale: rerun the importers"
     for folder in IMPORTERS:
@@ -260,7 +260,7 @@ def test_committed_parquet_schema_and_provenance(path):
         assert df[col].null_count() == 0, f"{path.name}: null {col}"
     assert set(df["source"]) == {path.parent.name}
     assert set(df["schema_version"]) == {SCHEMA_VERSION}
-    assert df["command"].str.starts_with("perfpredict.train.importers.").all()
+    assert df["command"].str.starts_with(f"{COMMAND_PREFIX}.").all()
     assert df["run_id"].n_unique() == df.height
     assert df.filter(pl.col("outcome") == "ok")["time_s" if "time_s" in schema else "step_time_s"].min() > 0
     for fp in df["hardware_fingerprint"].unique():

@@ -27,7 +27,7 @@ def probes(quick: bool = typer.Option(False, "--quick", help="A < 2 minute subse
                                            "(default datasets/ours/<hardware hash>)."),
            seed: int = typer.Option(0, "--seed", help="Seed of the shape sampling.")) -> None:
     """GEMM, attention, memory-bound and collective probes -> probes.parquet."""
-    from perfpredict.collect.probes import run_probes
+    from perfpredict.collect.probes.suite import run_probes
     from perfpredict.core.console import stderr_console
 
     console = stderr_console(piped_width=None)
@@ -49,7 +49,7 @@ def runs(plans: int = typer.Option(20, "--plans", help="Number of sampled plans 
          warmup: int = typer.Option(2, "--warmup"), steps: int = typer.Option(5, "--steps"),
          retries: int = typer.Option(2, "--retries", help="Retries of a disturbed run (calibration gate).")) -> None:
     """Sample legal plans and measure full training steps under torchrun -> runs.parquet (resumable)."""
-    from perfpredict.collect.sweep import DEFAULT_MODELS, run_sweep
+    from perfpredict.collect.harness.sweep import DEFAULT_MODELS, run_sweep
 
     if plans < 1:
         raise PerfPredictError(f"--plans must be >= 1, got {plans}")
@@ -82,7 +82,7 @@ def generate(groups: int = typer.Option(14, "--groups", help="Groups to measure;
     -> generate.parquet (resumable)."""
     import signal
 
-    from perfpredict.collect.generate import collect_generate
+    from perfpredict.collect.vllm.generate import collect_generate
 
     if timeout <= 0:
         raise PerfPredictError(f"--timeout must be positive, got {timeout}")
@@ -120,8 +120,8 @@ def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TR
     -weight Llama shapes, single process or accelerate DDP over gloo -> trl.parquet (resumable)."""
     import signal
 
-    from perfpredict.collect.trl_collect import collect_trl
-    from perfpredict.collect.trl_grid import BACKENDS
+    from perfpredict.collect.trl.collect import collect_trl
+    from perfpredict.collect.trl.grid import BACKENDS
 
     chosen = tuple(b.strip() for b in backends.split(",") if b.strip())
     bad = [b for b in chosen if b not in BACKENDS]

@@ -125,7 +125,7 @@ def import_public_cmd(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("datasets/public"),
 ) -> None:
     """Convert the published measurements under shared/data/public into our dataset schema."""
-    from perfpredict.train.importers import import_public
+    from perfpredict.importers import import_public
 
     counts = import_public(shared_root=shared, out_root=out)
     for k, v in counts.items():

@@ -36,6 +36,7 @@ from typing import Any
 
 import polars as pl
 
+from perfpredict.collect.processes import PKG_ROOT
 from perfpredict.core.dataset import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES, append_rows
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
@@ -184,10 +185,10 @@ class Engine:
         with os.fdopen(fd, "w") as f:
             json.dump(spec, f)
         env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": bind, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(Path(__file__).resolve().parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+               "PYTHONPATH": PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.log_path = log_path
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen([python, "-m", "perfpredict.collect.generate_worker", self.spec_path],
+        self.proc = subprocess.Popen([python, "-m", "perfpredict.collect.vllm.worker", self.spec_path],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         self.q: queue.Queue[dict[str, Any] | None] = queue.Queue()

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,8 @@ import torch
 
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import timing
-from perfpredict.collect.parallel import check_plan, strategy
+from perfpredict.collect.harness.parallel import check_plan, strategy
+from perfpredict.collect.processes import kill_group, pythonpath_first
 from perfpredict.core.dataset import CALIB_RATIO_MAX, LABEL_COLUMNS, OTHER_LOAD_MAX_CORES
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.frameworks import CAPABILITIES
@@ -35,7 +35,6 @@ from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario, flat_row
 
 GiB = float(2**30)
-_PKG_ROOT = str(Path(__file__).resolve().parents[2])
 _baseline: list[float] = []  # this process's calibration baseline (min seen), computed on first use
 
 
@@ -85,7 +84,7 @@ def run_id(scenario: Scenario, *, warmup: int, steps: int, seed: int, threads: i
 
 def torchrun_command(world: int, config_path: str | Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-            "-m", "perfpredict.collect.run_step", "--config", str(config_path)]
+            "-m", "perfpredict.collect.harness.run_step", "--config", str(config_path)]
 
 
 def _launch(cfg: dict[str, Any], world: int, workdir: Path, timeout_s: float) -> tuple[str, str | None, dict]:
@@ -94,7 +93,7 @@ def _launch(cfg: dict[str, Any], world: int, workdir: Path, timeout_s: float) ->
     cfg_path = workdir / "config.json"
     cfg_path.write_text(json.dumps(cfg))
     env = dict(os.environ)
-    env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = pythonpath_first(env.get("PYTHONPATH"))
     threads = str(cfg.get("threads", 1))
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TORCHELASTIC_ERROR_FILE=str(workdir / "err.json"))
     log = workdir / "log.txt"
@@ -104,10 +103,10 @@ def _launch(cfg: dict[str, Any], world: int, workdir: Path, timeout_s: float) ->
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             return "timeout", f"no result within {timeout_s:g} s (killed)", {}
         finally:
-            _kill_group(proc)  # stray ranks of a failed run
+            kill_group(proc)  # stray ranks of a failed run
     merged = out / "result.json"
     if merged.exists():
         res = json.loads(merged.read_text())
@@ -120,51 +119,6 @@ def _launch(cfg: dict[str, Any], world: int, workdir: Path, timeout_s: float) ->
     tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
     msg = " | ".join(line.strip() for line in tail if "USDT" not in line)[-400:]
     return "error", f"torchrun exited {proc.returncode} without a result: {msg}", {}
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below pid. torchrun starts its workers in sessions of their own, so killing torchrun's
-    process group does not reach them: they are found by parentage (psutil, else /proc) before anything dies."""
-    try:
-        import psutil
-
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except ImportError:
-        pass
-    except Exception:  # noqa: BLE001 - the process is already gone
-        return []
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop torchrun and every rank: SIGTERM first (torchrun forwards it and cleans up), then SIGKILL to whatever
-    is left of the tree."""
-    if proc.poll() is not None and not _descendants(proc.pid):
-        return
-    tree = _descendants(proc.pid)
-    for sig, pids in ((signal.SIGTERM, [proc.pid]), (signal.SIGKILL, [proc.pid, *tree])):
-        for pid in pids:
-            try:
-                os.killpg(pid, sig) if pid == proc.pid else os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _attempt(cfg: dict[str, Any], world: int, timeout_s: float, keep_dir: Path | None) -> Attempt:

@@ -1,8 +1,8 @@
 """One worker launch of `perfpredict collect trl`: a list of configs of one backend, measured in one process per
 rank (imports and process start cost seconds; a config then costs its trainer construction and steps).
 
-    python -m perfpredict.collect.trl_worker --job job.json                        # single
-    accelerate launch --multi_gpu --num_processes 2 ... -m perfpredict.collect.trl_worker --job job.json
+    python -m perfpredict.collect.trl.worker --job job.json                        # single
+    accelerate launch --multi_gpu --num_processes 2 ... -m perfpredict.collect.trl.worker --job job.json
 
 `accelerate launch --multi_gpu` without a GPU starts torchrun-style ranks that accelerate runs as MULTI_CPU over
 gloo (accelerate/state.py; `--cpu` with 2 processes falls back to the simple single-process launcher).
@@ -32,11 +32,11 @@ import torch
 import torch.distributed as dist
 
 from perfpredict.collect import timing
-from perfpredict.collect.run_step import is_oom, live_tensor_bytes
-from perfpredict.collect.trl_data import dataset, examples_needed, llama, tokenizer
-from perfpredict.collect.trl_grid import TrlConfig
-from perfpredict.collect.trl_measure import BatchRecorder, StepProbe
-from perfpredict.collect.trl_trainers import build_trainer, enable_fsdp_on_cpu, release
+from perfpredict.collect.tensors import is_oom, live_tensor_bytes
+from perfpredict.collect.trl.data import dataset, examples_needed, llama, tokenizer
+from perfpredict.collect.trl.grid import TrlConfig
+from perfpredict.collect.trl.measure import BatchRecorder, StepProbe
+from perfpredict.collect.trl.trainers import build_trainer, enable_fsdp_on_cpu, release
 from perfpredict.core.dataset import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES
 
 
@@ -132,14 +132,14 @@ def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str, shared_dir:
 
 
 def _vocab(cfg: TrlConfig) -> int:
-    from perfpredict.collect.trl_grid import SHAPES
+    from perfpredict.collect.trl.grid import SHAPES
 
     return SHAPES[cfg.shape].vocab
 
 
 def _fail_fast(key: str, mine: dict[str, Any], err_dir: str) -> None:
     """A rank that failed while its peers may sit in a collective: leave its error for the parent and exit at
-    once, so the launcher tears the other ranks down instead of both blocking forever (as collect.run_step)."""
+    once, so the launcher tears the other ranks down instead of both blocking forever (as collect.harness.run_step)."""
     rank = dist.get_rank()
     with open(os.path.join(err_dir, f"{key}.rank{rank}.err.json"), "w") as fh:
         json.dump({k: mine.get(k) for k in ("outcome", "error", "trace")}, fh)

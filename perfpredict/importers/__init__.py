@@ -2,13 +2,14 @@
 
 `import_public` runs every importer and writes datasets/public/<folder>/{runs,probes}.parquet plus the upstream
 SOURCE.md (with a section on what was imported and every assumption) and LICENSE, so nothing at run time needs the
-shared folder. Each module also exposes its pieces (import_runs / import_probes / ...) for tests."""
+shared folder. Each module also exposes its pieces (import_runs / import_probes / ...) for tests. A source of
+datasets like collect, not part of train: the importers use perfpredict.core only."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from perfpredict.train.importers import azure, playbook, vidur, vtrain
+from perfpredict.importers import azure, playbook, vidur, vtrain
 
 IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure}
 

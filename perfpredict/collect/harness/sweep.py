@@ -21,13 +21,13 @@ import polars as pl
 
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import store
-from perfpredict.collect.model import shrink
-from perfpredict.collect.parallel import check_plan
-from perfpredict.collect.runs import HARNESS, effective_plan, run_id, run_one
+from perfpredict.collect.harness.model import shrink
+from perfpredict.collect.harness.parallel import check_plan
+from perfpredict.collect.harness.runs import HARNESS, effective_plan, run_id, run_one
+from perfpredict.collect.host import cluster_for, default_out
 from perfpredict.core.catalog import get_model
 from perfpredict.core.dataset import append_rows
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario
@@ -169,22 +169,6 @@ def sample_plans(*, n: int, models: tuple[str, ...] = DEFAULT_MODELS, seed: int 
         seen.add(key)
         out.append((shape, w, p))
     return out
-
-
-def cluster_for(world: int) -> Cluster:
-    """The measuring machine as a catalog cluster: GPU catalog entry "cpu" (or the GPU's), `world` devices."""
-    from perfpredict.core.catalog import get_gpu
-
-    name = fpr.hardware_name()
-    try:
-        return Cluster(gpu=get_gpu(name), gpus_per_node=world, nodes=1)
-    except PerfPredictError:
-        raise PerfPredictError(f"the GPU catalog has no entry {name!r} for this machine; add "
-                               f"perfpredict/catalog/gpus/{name}.json before collecting") from None
-
-
-def default_out(root: Path | str = "datasets/ours") -> Path:
-    return Path(root) / fpr.short_hash()
 
 
 def done_ids(path: Path) -> set[str]:

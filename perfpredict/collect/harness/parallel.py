@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from perfpredict.collect import objectives as O
-from perfpredict.collect.model import Decoder, build_model
+from perfpredict.collect.harness import objectives as O
+from perfpredict.collect.harness.model import Decoder, build_model
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.frameworks import why_not
 from perfpredict.core.model import ModelSpec

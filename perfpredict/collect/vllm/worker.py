@@ -1,6 +1,6 @@
 """One vLLM engine (one replica) driven over stdin/stdout by `perfpredict collect generate`.
 
-    python -m perfpredict.collect.generate_worker SPEC.json
+    python -m perfpredict.collect.vllm.worker SPEC.json
 
 Runs under the interpreter that has vLLM (an isolated venv on CPU). It starts `LLM(...)` with dummy weights from a
 folder holding a Llama config.json, warms up, prints one `@@PP {"event": "ready", ...}` line (the engine's KV

@@ -21,17 +21,16 @@ import polars as pl
 
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import timing
-from perfpredict.collect.runs import _kill_group
-from perfpredict.collect.trl_grid import TrlConfig, chunks, sample_grid
-from perfpredict.collect.trl_schema import failed_result, trl_row, trl_schema
+from perfpredict.collect.processes import PKG_ROOT, kill_group, pythonpath_first
+from perfpredict.collect.trl.grid import TrlConfig, chunks, sample_grid
+from perfpredict.collect.trl.schema import failed_result, trl_row, trl_schema
 from perfpredict.core.dataset import append_rows
 
-_PKG_ROOT = str(Path(__file__).resolve().parents[2])
 TABLE = "trl.parquet"
 
 
 def default_out_dir() -> Path:
-    return Path(_PKG_ROOT) / "datasets" / "ours" / fpr.short_hash()
+    return Path(PKG_ROOT) / "datasets" / "ours" / fpr.short_hash()
 
 
 def done_keys(path: Path) -> set[str]:
@@ -47,7 +46,7 @@ def pending(configs: list[TrlConfig], path: Path, *, warmup: int, steps: int) ->
 
 
 def worker_command(world: int, job: Path, *, deepspeed: bool = False) -> list[str]:
-    mod = ["-m", "perfpredict.collect.trl_worker", "--job", str(job)]
+    mod = ["-m", "perfpredict.collect.trl.worker", "--job", str(job)]
     if world == 1:
         return [sys.executable, *mod]
     # DeepSpeed: accelerate's DeepSpeed launcher (accelerate/commands/launch.py deepspeed_launcher: torchrun-style
@@ -76,11 +75,11 @@ def _env(*, deepspeed: bool = False, world: int = 1) -> dict[str, str]:
         if world == 1:
             env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(_free_port()))
-    env["PYTHONPATH"] = _PKG_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = pythonpath_first(env.get("PYTHONPATH"))
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", TQDM_DISABLE="1",
                HF_DATASETS_DISABLE_PROGRESS_BARS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    env.setdefault("PP_AUTOGROUP_NICE", "-10")  # see trl_worker._autogroup_nice
+    env.setdefault("PP_AUTOGROUP_NICE", "-10")  # see trl.worker._autogroup_nice
     return env
 
 
@@ -125,11 +124,11 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
                         break
                     if time.monotonic() - last > timeout_s:
                         log(f"no result for {timeout_s:g} s: killing the launch")
-                        _kill_group(proc)
+                        kill_group(proc)
                         break
                     time.sleep(0.5)
             finally:
-                _kill_group(proc)
+                kill_group(proc)
         for line in _read_lines(results)[seen:]:  # written between the last poll and the exit
             r = json.loads(line)
             on_result(r["key"], by_key[r["key"]], r)
@@ -142,7 +141,7 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
         tail = (d / "log.txt").read_text(errors="replace").strip().splitlines()[-4:]
         msg = " | ".join(t.strip() for t in tail if "USDT" not in t)[-400:]
         errs = sorted(d.glob(f"{stuck}.rank*.err.json"))
-        if errs:  # a rank failed and exited at once (trl_worker._fail_fast): its own error, not the launcher's
+        if errs:  # a rank failed and exited at once (trl.worker._fail_fast): its own error, not the launcher's
             e = json.loads(errs[0].read_text())
             res = failed_result(e.get("outcome") or "error", e.get("error") or "rank failed")
             res["trace"] = e.get("trace")

@@ -7,7 +7,7 @@ backwards, `optimizer.step()` (:1943), `model.zero_grad()` (:1954), `on_step_end
 - a step's time is the interval between consecutive `on_step_end`s (taken after a barrier on every rank): fetching
   and collating its batches, forward(s), backward, optimizer: the whole step as a user's run pays it;
 - memory: the last step runs under torch.profiler(profile_memory=True) from `on_step_begin` to `on_step_end`; the
-  peak is the live tensor bytes at `on_step_begin` (gc scan, collect.run_step.live_tensor_bytes: parameters,
+  peak is the live tensor bytes at `on_step_begin` (gc scan, collect.tensors.live_tensor_bytes: parameters,
   optimizer state, the fetched batch; gradients already freed) plus the running maximum of the allocator's
   allocations minus frees during the step (shared/notes/cpu-measurement.md: exact, repeats across runs)."""
 
@@ -19,8 +19,8 @@ from typing import Any
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from perfpredict.collect.run_step import live_tensor_bytes
-from perfpredict.collect.trl_trainers import forwards_of
+from perfpredict.collect.tensors import live_tensor_bytes
+from perfpredict.collect.trl.trainers import forwards_of
 
 
 def _barrier() -> None:

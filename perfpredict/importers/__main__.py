@@ -1,4 +1,6 @@
-"""python -m perfpredict.train.importers --shared /work/shared/data/public --out datasets/public"""
+"""python -m perfpredict.importers --shared ../shared/data/public --out datasets/public
+
+(--shared: the folder holding the upstream copies; `perfpredict import-public` defaults to that relative path.)"""
 
 from __future__ import annotations
 
@@ -6,11 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from perfpredict.train.importers import IMPORTERS, import_public
+from perfpredict.importers import IMPORTERS, import_public
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m perfpredict.train.importers",
+    ap = argparse.ArgumentParser(prog="python -m perfpredict.importers",
                                  description="Import the published measurements into datasets/public.")
     ap.add_argument("--shared", type=Path, required=True, help="folder holding the upstream folders (data/public)")
     ap.add_argument("--out", type=Path, default=Path("datasets/public"), help="output folder (default datasets/public)")

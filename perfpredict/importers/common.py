@@ -26,6 +26,10 @@ from perfpredict.core.scenario import Scenario, flat_row
 from perfpredict.core.workload import Workload
 
 _PY_TO_POLARS = {bool: pl.Boolean, int: pl.Int64, float: pl.Float64, str: pl.Utf8}
+# The `command` provenance of every imported row names the importers as they were called when datasets/public was
+# imported (they then lived in perfpredict.train). Kept as it is so a re-import reproduces the committed files, and
+# the data_hash the shipped model records, bit for bit; renaming it means re-importing and retraining together.
+COMMAND_PREFIX = "perfpredict.train.importers"
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class Upstream:
     software: dict[str, Any] = field(default_factory=dict)
 
     def command(self, module: str, relpath: str) -> str:
-        return (f"perfpredict.train.importers.{module} from shared/data/public/{self.folder}/{relpath} "
+        return (f"{COMMAND_PREFIX}.{module} from shared/data/public/{self.folder}/{relpath} "
                 f"@ {self.repo}@{self.commit}")
 
     def provenance(self, module: str, relpath: str, hardware: str, fingerprint: dict[str, Any],

@@ -1,6 +1,6 @@
 """torchrun entry point: one training setup, warm-up + timed steps, peak memory; one JSON result per rank.
 
-    torchrun --standalone --nproc-per-node W -m perfpredict.collect.run_step --config cfg.json
+    torchrun --standalone --nproc-per-node W -m perfpredict.collect.harness.run_step --config cfg.json
 
 The config holds model (ModelSpec dict), workload, plan, warmup, steps, seed, threads, out_dir and optional
 `fail` (error | oom | hang: failure injection for tests). Each rank writes out_dir/rank<r>.json; when all ranks got
@@ -23,53 +23,19 @@ Memory:
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import resource
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-
-def is_oom(e: BaseException) -> bool:
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    msg = str(e).lower()
-    return "out of memory" in msg or "can't allocate memory" in msg or "cannot allocate memory" in msg
-
-
-def live_tensor_bytes(device_type: str) -> int:
-    """Bytes of every distinct tensor storage reachable from Python on the device (DTensors by their local
-    shard)."""
-    from torch.distributed.tensor import DTensor
-
-    gc.collect()
-    seen: set[int] = set()
-    total = 0
-    with warnings.catch_warnings():  # isinstance() on some module objects trips deprecation warnings
-        warnings.simplefilter("ignore")
-        objs = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
-    for o in objs:
-        try:
-            t = o._local_tensor if isinstance(o, DTensor) else o
-            if t.device.type != device_type or t.is_meta:
-                continue
-            st = t.untyped_storage()
-            ptr = st.data_ptr()
-        except Exception:  # noqa: BLE001 - wrapper subclasses without storage, fake tensors
-            continue
-        if ptr == 0 or ptr in seen:
-            continue
-        seen.add(ptr)
-        total += st.nbytes()
-    return total
+from perfpredict.collect.tensors import is_oom, live_tensor_bytes
 
 
 def profiled_peak_bytes(fn: Any) -> int:
@@ -103,7 +69,7 @@ def _barrier() -> None:
 
 
 def run(cfg: dict[str, Any]) -> dict[str, Any]:
-    from perfpredict.collect.parallel import build_runner
+    from perfpredict.collect.harness.parallel import build_runner
     from perfpredict.core.model import ModelSpec
     from perfpredict.core.plan import Plan
     from perfpredict.core.workload import Workload

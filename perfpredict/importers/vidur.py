@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 
 from perfpredict.core.catalog import get_gpu
-from perfpredict.train.importers.common import (
+from perfpredict.importers.common import (
     Upstream,
     log_spaced,
     probes_frame,
@@ -136,7 +136,7 @@ def import_network(src: Path) -> pl.DataFrame:
 
 
 SECTION = """\
-## Imported into perfpredict (perfpredict.train.importers.vidur)
+## Imported into perfpredict (perfpredict.importers.vidur)
 
 One `probes.parquet` (zstd parquet) holding both parts below; no `runs` (vidur has no training steps).
 run_id = hash of `vidur/<path>:<line>#<upstream op>`; `upstream_ref` names the file and line, `upstream_op` the

@@ -1,6 +1,6 @@
 """torchrun entry point for communication probes (gloo on CPU, NCCL on GPU); rank 0 writes the rows as JSON.
 
-    torchrun --standalone --nproc-per-node W -m perfpredict.collect.comm_probe --config cfg.json
+    torchrun --standalone --nproc-per-node W -m perfpredict.collect.probes.comm_probe --config cfg.json
     (across nodes: torchrun --nnodes N --nproc-per-node G --rdzv-endpoint HOST:PORT ... the same module)
 
 `bytes` follows nccl-tests' `size`: the buffer an all_reduce / broadcast / send works on, the gathered output of

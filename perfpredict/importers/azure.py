@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from perfpredict.core.catalog import get_gpu
-from perfpredict.train.importers.common import Upstream, probes_frame, run_id, write_outputs, write_source_md
+from perfpredict.importers.common import Upstream, probes_frame, run_id, write_outputs, write_source_md
 
 MODULE = "azure"
 UPSTREAM = Upstream(folder="azure_ai_benchmarking", repo="Azure/AI-benchmarking-guide",
@@ -137,7 +137,7 @@ def import_probes(src: Path) -> pl.DataFrame:
 
 
 SECTION = """\
-## Imported into perfpredict (perfpredict.train.importers.azure)
+## Imported into perfpredict (perfpredict.importers.azure)
 
 One `probes.parquet`; no `runs` (no training was published). run_id = hash of `azure_ai_benchmarking/<file>:<line>`,
 `upstream_ref` names the line, `sku` the VM. Hardware: ND A100 v4 -> catalog `a100-sxm-80gb`, ND H100 v5 ->

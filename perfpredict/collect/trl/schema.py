@@ -1,6 +1,6 @@
-"""The `trl` table's columns and how a worker result becomes a row (schema: /work/notes/trl-schema.md, copied in
-datasets/ours/README.md). The runs table's label, provenance and extra columns, the flat scenario columns
-(core.scenario: m_*, g_*/c_*, w_*, p_*), then the TRL columns below."""
+"""The `trl` table's columns and how a worker result becomes a row (the columns are described in
+datasets/ours/README.md, section `trl.parquet`). The runs table's label, provenance and extra columns, the flat
+scenario columns (core.scenario: m_*, g_*/c_*, w_*, p_*), then the TRL columns below."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from perfpredict.collect.store import runs_schema
-from perfpredict.collect.trl_grid import SHAPES, TrlConfig
+from perfpredict.collect.trl.grid import SHAPES, TrlConfig
 from perfpredict.core.scenario import cluster_columns, model_columns
 
 GiB = float(2**30)
@@ -49,7 +49,7 @@ def trl_versions(*, deepspeed: bool = False) -> dict[str, str | None]:
 
 def scenario_columns(cfg: TrlConfig) -> dict[str, Any]:
     """Flat scenario columns written by hand: `trl` and `kto` are not (yet) Plan/Workload values in core."""
-    from perfpredict.collect.sweep import cluster_for
+    from perfpredict.collect.host import cluster_for
 
     m = SHAPES[cfg.shape]
     return {**model_columns(m), **cluster_columns(cluster_for(cfg.world)),
@@ -80,7 +80,7 @@ def failed_result(outcome: str, error: str) -> dict[str, Any]:
 
 def trl_row(cfg: TrlConfig, res: dict[str, Any], *, key: str, warmup: int, steps: int,
             provenance: dict[str, Any], cores: int) -> dict[str, Any]:
-    """A worker's result (trl_worker.measure) -> one row of the trl table."""
+    """A worker's result (trl.worker.measure) -> one row of the trl table."""
     row: dict[str, Any] = {k: None for k in trl_schema()}
     row.update(scenario_columns(cfg))
     row.update(config_columns(cfg))

@@ -15,7 +15,7 @@ from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
 from perfpredict.core.workload import Workload
-from perfpredict.train.importers.common import (
+from perfpredict.importers.common import (
     Upstream,
     log_spaced,
     probes_frame,
@@ -131,7 +131,7 @@ def import_probes(src: Path, sizes_per_file: int = LUT_SIZES) -> pl.DataFrame:
 
 
 SECTION = """\
-## Imported into perfpredict (perfpredict.train.importers.vtrain)
+## Imported into perfpredict (perfpredict.importers.vtrain)
 
 - `runs.parquet`: every row of ground_truth_single.csv (1440), one `runs` row each, built through ModelSpec, Cluster,
   Workload, Plan and flat_row. run_id = hash of `vtrain/ground_truth_single.csv:<line>`; `upstream_ref` names the line.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfpredict.collect.trl_grid import TrlConfig
+from perfpredict.collect.trl.grid import TrlConfig
 from perfpredict.core.frameworks import zero_optimization
 
 LAYER_CLASS = "LlamaDecoderLayer"

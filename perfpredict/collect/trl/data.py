@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from perfpredict.collect.trl_grid import SHAPES, TrlConfig
+from perfpredict.collect.trl.grid import SHAPES, TrlConfig
 
 SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]")
 

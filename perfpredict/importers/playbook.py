@@ -14,7 +14,7 @@ from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
 from perfpredict.core.workload import Workload
-from perfpredict.train.importers.common import (
+from perfpredict.importers.common import (
     Upstream,
     probes_frame,
     run_id,
@@ -211,7 +211,7 @@ def import_probes(src: Path) -> pl.DataFrame:
 
 
 SECTION = """\
-## Imported into perfpredict (perfpredict.train.importers.playbook)
+## Imported into perfpredict (perfpredict.importers.playbook)
 
 - `runs.parquet`: every row of benchmarks_1B_8B.csv (1641), one `runs` row each, built through ModelSpec, Cluster,
   Workload, Plan and flat_row. run_id = hash of `ultrascale_playbook/benchmarks_1B_8B.csv:<line>`; `upstream_ref`

@@ -51,6 +51,8 @@ import torch.nn.functional as F
 
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import store
+from perfpredict.collect.host import default_out
+from perfpredict.collect.processes import pythonpath_first
 from perfpredict.collect.timing import measure
 from perfpredict.core.dataset import append_rows
 
@@ -335,16 +337,15 @@ def memory_probes(b: Budget, device: torch.device) -> list[dict[str, Any]]:
 # --- collectives -------------------------------------------------------------------------------------------------
 def comm_probes(b: Budget, *, timeout_s: float = 300.0) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    root = str(Path(__file__).resolve().parents[2])
     for world in b.comm_worlds:
         with tempfile.TemporaryDirectory(prefix="pp-comm-") as tmp:
             out = Path(tmp) / "rows.json"
             cfg = Path(tmp) / "cfg.json"
             cfg.write_text(json.dumps({"sizes": list(b.comm_sizes), "cap_s": b.comm_cap_s, "out": str(out)}))
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                   "-m", "perfpredict.collect.comm_probe", "--config", str(cfg)]
+                   "-m", "perfpredict.collect.probes.comm_probe", "--config", str(cfg)]
             env = dict(os.environ, OMP_NUM_THREADS="1",
-                       PYTHONPATH=root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+                       PYTHONPATH=pythonpath_first(os.environ.get("PYTHONPATH")))
             err = None
             try:
                 p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -368,8 +369,6 @@ def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, comman
                families: tuple[str, ...] = ("gemm", "attention", "memory", "comm"), seed: int = 0,
                log: Callable[[str], None] | None = None) -> tuple[Path, pl.DataFrame]:
     """Run the probe suite and append its rows to <out_dir>/probes.parquet; returns the path and the new rows."""
-    from perfpredict.collect.sweep import default_out
-
     gpu = torch.cuda.is_available()
     device = torch.device("cuda") if gpu else torch.device("cpu")
     b = budget(quick=quick, gpu=gpu, devices=torch.cuda.device_count() if gpu else 1, cores=fpr.cpu_cores())
