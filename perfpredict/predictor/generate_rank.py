@@ -115,9 +115,16 @@ def explain(r: GenRanking) -> str:
 
 
 # --- emit ---------------------------------------------------------------------------------------------------------
-def emit_vllm(r: GenRanking, *, model_id: str, out_dir: Path | str, rank_no: int = 1) -> list[Path]:
+def emit_vllm(r: GenRanking, *, model_id: str | None = None, out_dir: Path | str, rank_no: int = 1) -> list[Path]:
     """`vllm serve` arguments, an offline `LLM(...)` script splitting the prompts over replicas, and a launch
-    script starting one server per replica on disjoint devices."""
+    script starting one server per replica on disjoint devices.
+
+    model_id: what vLLM loads. None or the model's catalog name becomes the catalog entry's Hugging Face id, since
+    vLLM cannot load a perfpredict catalog name; anything else (a config path, a user's id) is written as given."""
+    from perfpredict.core.catalog import hf_id
+
+    if model_id is None or model_id == r.model.name:
+        model_id = hf_id(r.model) or model_id or r.model.name
     f = r.fitting
     if f.height < rank_no:
         raise PerfPredictError("nothing fits, so there is no layout to emit")
