@@ -15,10 +15,12 @@ def close_names(name: str, known: Iterable[str], n: int = 5) -> list[str]:
     h100 variant, which difflib's ratio ranks below h800 and b200), then difflib's close matches."""
     known = sorted(known)
     typed = name.strip().lower()
-    close = [k for k in known if typed and k.startswith(typed)]
-    close += [k for k in known if typed and typed in k and k not in close]
+    # Every name starting with what was typed is shown (up to 10): "qwen2.5" names all seven sizes, so the one
+    # meant is among them whichever it is.
+    starts = [k for k in known if typed and k.startswith(typed)][:max(n, 10)]
+    close = starts + [k for k in known if typed and typed in k and k not in starts]
     close += [k for k in difflib.get_close_matches(typed, known, n=n, cutoff=0.4) if k not in close]
-    return close[:n] or known[:n]
+    return close[:max(n, len(starts))] or known[:n]
 
 
 def unknown(kind: str, name: str, known: Iterable[str], *, listed_by: str = "perfpredict catalog") -> PerfPredictError:
