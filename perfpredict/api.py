@@ -10,7 +10,7 @@ import polars as pl
 from perfpredict.core.catalog import get_gpu, get_model
 from perfpredict.core.errors import PerfPredictError, check_int, check_number, check_str
 from perfpredict.core.formatting import num
-from perfpredict.core.hardware import MAX_GPUS_PER_NODE, MAX_NODES, Cluster
+from perfpredict.core.hardware import MAX_GPUS_PER_NODE, MAX_NODES, Cluster, largest_prime_factor, node_shape
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario, ScenarioItem, read_scenarios
@@ -26,10 +26,8 @@ def make_cluster(*, gpu: str, gpus: int, gpus_per_node: int = 8, intra_node_bw: 
     check_int("gpus-per-node", gpus_per_node, 1, MAX_GPUS_PER_NODE)
     check_number("intra-node-bw (GB/s; 0 = the GPU's)", intra_node_bw, 0.0, 1e5)
     check_number("inter-node-bw (GB/s; 0 = the GPU's)", inter_node_bw, 0.0, 1e5)
-    gpn = min(gpus_per_node, gpus)
-    if gpus % gpn:
-        raise PerfPredictError(f"gpus ({gpus}) must be a multiple of gpus-per-node ({gpn})")
-    return Cluster(gpu=get_gpu(gpu), gpus_per_node=gpn, nodes=gpus // gpn,
+    gpn, nodes = node_shape(gpus, gpus_per_node, gpus_name="--gpus", per_node_name="--gpus-per-node")
+    return Cluster(gpu=get_gpu(gpu), gpus_per_node=gpn, nodes=nodes,
                    intra_node_bw_gb_per_s=intra_node_bw, inter_node_bw_gb_per_s=inter_node_bw)
 
 
@@ -143,7 +141,15 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
         return RankReport(ranking=r, notes=notes)
     cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
                            inter_node_bw=inter_node_bw)
-    r = rank_plans(model=m, cluster=cluster, workload=w, space=space, bundle=b)
+    count_note = gpu_count_note(model=m, cluster=cluster, workload=w, space=space, gpus_per_node=gpus_per_node)
+    try:
+        r = rank_plans(model=m, cluster=cluster, workload=w, space=space, bundle=b)
+    except PerfPredictError as e:
+        if count_note is None:
+            raise
+        raise PerfPredictError(f"{e}; {count_note}") from None
+    if count_note is not None:
+        notes.append(count_note)
     if r.fitting.height == 0:
         tips = what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b)
         if tips:
@@ -159,6 +165,33 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
         notes.append(f"target {target_samples_per_s:g}/s: the best plan ({num(best)}/s) {verdict} it"
                      + ("" if best >= target_samples_per_s else "; try --gpus auto"))
     return RankReport(ranking=r, notes=notes)
+
+
+def gpu_count_note(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace,
+                   gpus_per_node: int) -> str | None:
+    """Why a GPU count with a prime factor above 3 (5, 7, 10, 14, ...) ranks few plans: tp x pp x cp x dp must
+    equal it, so every plan carries that factor in one degree, where heads, layers and the batch rarely divide by
+    it. Compared with the nearest power-of-two count (plan enumeration alone is a fraction of a second), on the
+    same nodes. None for a count of 2s and 3s."""
+    n = cluster.gpus
+    p = largest_prime_factor(n)
+    if p <= 3:
+        return None
+    what = f"{n} GPUs is prime" if p == n else f"{n} GPUs has the prime factor {p}"
+    degree = f"a degree of {p}" if p == n else f"a degree divisible by {p}"
+    note = f"{what}: every plan must use {degree} in tp, pp, cp or dp"
+    below = 1 << (n.bit_length() - 1)
+    pow2 = below if n - below < 2 * below - n else 2 * below
+    try:
+        per_node, nodes = node_shape(pow2, gpus_per_node)
+    except PerfPredictError:
+        return note  # the power of two is no whole number of these nodes
+    other = Cluster(gpu=cluster.gpu, gpus_per_node=per_node, nodes=nodes,
+                    intra_node_bw_gb_per_s=cluster.intra_node_bw_gb_per_s,
+                    inter_node_bw_gb_per_s=cluster.inter_node_bw_gb_per_s)
+    here = sum(1 for _ in enumerate_plans(model, cluster, workload, space, Rejections()))
+    there = sum(1 for _ in enumerate_plans(model, other, workload, space, Rejections()))
+    return f"{note} ({here} legal plans); {pow2} GPUs would have {there}"
 
 
 def rank(*, model: ModelSpec | str, cluster: Cluster, workload: Workload, top: int | None = None,

@@ -163,3 +163,41 @@ def test_unknown_model_lists_close_names(query, expected):
     msg = str(exc.value)
     assert expected in msg, msg
     assert "\n" not in msg
+
+
+# --- names a user types -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [n for n in MODEL_NAMES if model_catalog_raw()[n].get("hf_id")])
+def test_hf_id_names_its_catalog_model(name):
+    """The id a user copies from the Hub is as good as the catalog name, in any case."""
+    from perfpredict.core.catalog import hf_id
+
+    ident = model_catalog_raw()[name]["hf_id"]
+    assert get_model(ident) is model_catalog()[name]
+    assert get_model(ident.upper()) is model_catalog()[name]
+    assert hf_id(model_catalog()[name]) == ident
+
+
+def test_hf_id_not_in_the_catalog_says_a_config_path_is_accepted(tmp_path, monkeypatch):
+    with pytest.raises(PerfPredictError, match=r"looks like a Hugging Face id but is not in the catalog.*config\.json"):
+        get_model("some-org/Some-Model-7B")
+    # A local folder of that spelling is still read as a config, as before.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "meta-llama" / "Llama-3.1-8B").mkdir(parents=True)
+    cfg = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "vocab_size": 1000, "intermediate_size": 512}
+    (tmp_path / "meta-llama" / "Llama-3.1-8B" / "config.json").write_text(json.dumps(cfg))
+    assert get_model("meta-llama/Llama-3.1-8B").hidden == 256
+
+
+def test_close_names_put_what_was_typed_first():
+    from perfpredict.core.errors import close_names
+
+    assert close_names("h100", GPU_NAMES)[:2] == ["h100-pcie-80gb", "h100-sxm-80gb"]
+    assert all(n.startswith("qwen2.5-") for n in close_names("qwen2.5", MODEL_NAMES))  # every size, not 5 of 7
+    assert len(close_names("qwen2.5", MODEL_NAMES)) == sum(n.startswith("qwen2.5-") for n in MODEL_NAMES)
+    with pytest.raises(PerfPredictError, match=r"close names: h100-pcie-80gb, h100-sxm-80gb.*`perfpredict catalog gpus`"):
+        get_gpu("h100")
+    with pytest.raises(PerfPredictError, match=r"close names: llama-3\.1-.*`perfpredict catalog models`"):
+        get_model("llama-3.1")

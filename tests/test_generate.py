@@ -342,6 +342,21 @@ def test_emitted_offline_script_compiles(tmp_path):
     assert len(paths) == 3
 
 
+
+def test_emitted_vllm_loads_the_catalog_models_hf_id(tmp_path):
+    """vLLM cannot load a catalog name: the launch and offline scripts name the Hugging Face id instead."""
+    from perfpredict.predictor.generate_rank import emit_vllm
+
+    r = rank_generate(model=get_model("llama-3.1-8b"), cluster=Cluster(gpu=get_gpu("a100-sxm-80gb"), gpus_per_node=4),
+                      workload=GenWorkload(prompts=100, input_len=256, output_len=256))
+    for model_id in (None, "llama-3.1-8b"):
+        emit_vllm(r, model_id=model_id, out_dir=tmp_path)
+        assert 'MODEL="${MODEL:-meta-llama/Llama-3.1-8B}"' in (tmp_path / "launch_replicas.sh").read_text()
+        assert "meta-llama/Llama-3.1-8B" in (tmp_path / "generate_offline.py").read_text()
+    emit_vllm(r, model_id="/models/my-llama", out_dir=tmp_path)  # a path the user gave is written as given
+    assert 'MODEL="${MODEL:-/models/my-llama}"' in (tmp_path / "launch_replicas.sh").read_text()
+
+
 def test_collect_generate_bad_input_is_one_line():
     pytest.importorskip("torch")
     r = runner.invoke(app, ["generate", "collect", "--shapes", "nope", "--python", "/bin/false"])

@@ -252,3 +252,35 @@ def test_model_config_files_are_one_line(tmp_path):
         bad.write_bytes(content)
         r = runner.invoke(app, ["plans", "--model", str(bad), "--gpu", "h100-sxm-80gb"])
         assert r.exit_code == 2 and fragment in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+# --- what a newcomer types ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--plot", "--json", "--csv", "--emit-dir"])
+def test_a_file_where_a_folder_must_be_is_named(tmp_path, option):
+    from perfpredict.core.paths import writable_dir, writable_file
+
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    for target in (afile / "x.png", afile / "sub" / "x.png"):
+        check = writable_dir if option == "--emit-dir" else writable_file
+        with pytest.raises(PerfPredictError, match=f"{option}: '{afile}' is a file, not a folder"):
+            check(option, target)
+    with pytest.raises(PerfPredictError, match="is a file, not a folder"):
+        writable_dir("--emit-dir", afile)
+
+
+def test_rank_takes_a_hugging_face_id_and_refuses_a_partial_node():
+    base = ["rank", "--gpu", "h100-sxm-80gb", "--top", "1"]
+    r = runner.invoke(app, [*base, "--model", "meta-llama/Llama-3.1-8B", "--gpus", "12"])
+    assert r.exit_code == 2 and "--gpus 12 is not a whole number of 8-GPU nodes: use 8 or 16" in r.stderr, r.output
+    r = runner.invoke(app, [*base, "--model", "nobody/Nothing-1B", "--gpus", "8"])
+    assert r.exit_code == 2 and "not in the catalog" in r.stderr and "config.json" in r.stderr, r.output
+
+
+def test_rank_report_notes_a_prime_gpu_count():
+    from perfpredict.api import rank_report
+
+    rep = rank_report(model="llama-3.2-1b", gpu="h100-sxm-80gb", gpus=5)
+    assert any(n.startswith("5 GPUs is prime") and "4 GPUs would have" in n for n in rep.notes), rep.notes

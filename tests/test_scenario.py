@@ -155,3 +155,78 @@ def test_sequence_parallel_with_tp1_is_off_as_megatron_does():
     # Megatron-LM's arguments.py: "Disabling sequence parallelism because tensor model parallelism is disabled".
     assert Plan(sequence_parallel=True).sequence_parallel is False
     assert Plan(tp=2, sequence_parallel=True).sequence_parallel is True
+
+
+# --- a pretty-printed file is one document ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("edit, where", [
+    (lambda t: t.rstrip() + ",\n", "text after the end of the JSON value at line 5, column 37"),
+    (lambda t: t.replace('"deepspeed"}}', '"deepspeed",}}'), "at line 5, column 36"),
+])
+def test_broken_pretty_printed_file_is_one_json_error(tmp_path, edit, where):
+    """One multi-line object with a trailing comma is one broken document, not five broken JSON Lines."""
+    from perfpredict.api import describe_scenarios
+    from perfpredict.core.scenario import read_scenarios
+
+    p = tmp_path / "s.json"
+    p.write_text(edit(open("examples/scenario-8b-dpo.json").read()))
+    for read in (load_scenarios, read_scenarios, lambda f: describe_scenarios(path=f)):
+        with pytest.raises(PerfPredictError, match="is not valid JSON: ") as e:
+            read(p)
+        assert where in str(e.value) and "scenarios are invalid" not in str(e.value)
+
+
+def test_json_lists_and_lines_still_answer_each_entry(tmp_path):
+    from perfpredict.core.scenario import read_scenarios
+
+    one = json.loads(open("examples/scenario-8b-dpo.json").read())
+    p = tmp_path / "list.json"
+    p.write_text(json.dumps([one, {**one, "plan": 3}], indent=2))
+    items = read_scenarios(p)
+    assert [(it.where, it.at, it.error is None) for it in items] == [("index", 0, True), ("index", 1, False)]
+    p.write_text(json.dumps(one) + "\n{oops\n" + json.dumps(one) + "\n")
+    items = read_scenarios(p)
+    assert [(it.at, it.error is None) for it in items] == [(1, True), (2, False), (3, True)]
+    p.write_text(open("examples/scenario-8b-dpo.json").read())  # valid and pretty-printed: one scenario
+    assert len(read_scenarios(p)) == 1
+
+
+def test_scenario_model_may_be_a_hugging_face_id():
+    d = json.loads(open("examples/scenario-8b-dpo.json").read())
+    by_id = Scenario.from_dict({**d, "model": "meta-llama/Llama-3.1-8B"})
+    assert by_id == Scenario.from_dict(d)
+
+
+# --- one GPU-count rule ------------------------------------------------------------------------------------------
+
+
+def test_gpu_counts_are_one_partial_node_or_whole_nodes():
+    from perfpredict.api import make_cluster
+    from perfpredict.core.hardware import node_shape
+
+    assert node_shape(7, 8) == (7, 1) and node_shape(8, 8) == (8, 1) and node_shape(24, 8) == (8, 3)
+    with pytest.raises(PerfPredictError, match="gpus 12 is not a whole number of 8-GPU nodes: use 8 or 16, or set "
+                                               "gpus_per_node"):
+        node_shape(12, 8)
+    with pytest.raises(PerfPredictError, match="--gpus 12 is not a whole number of 8-GPU nodes: use 8 or 16, or "
+                                               "set --gpus-per-node"):
+        make_cluster(gpu="h100-sxm-80gb", gpus=12)
+    assert make_cluster(gpu="h100-sxm-80gb", gpus=12, gpus_per_node=4).nodes == 3
+    with pytest.raises(PerfPredictError, match="gpus 20 is not a whole number of 8-GPU nodes: use 16 or 24"):
+        Cluster.from_dict({"gpu": "h100-sxm-80gb", "gpus": 20})
+    c = Cluster.from_dict({"gpu": "h100-sxm-80gb", "gpus": 7})
+    assert (c.gpus_per_node, c.nodes) == (7, 1)
+
+
+def test_a_prime_gpu_count_says_why_it_ranks_few_plans():
+    from perfpredict.api import gpu_count_note, make_cluster
+    from perfpredict.features.plans import PlanSpace
+
+    m, w = get_model("llama-3.1-8b"), Workload(objective="dpo", global_batch=64)
+    note = gpu_count_note(model=m, cluster=make_cluster(gpu="h100-sxm-80gb", gpus=7), workload=w, space=PlanSpace(),
+                          gpus_per_node=8)
+    assert note.startswith("7 GPUs is prime: every plan must use a degree of 7 in tp, pp, cp or dp (")
+    assert "8 GPUs would have" in note
+    assert gpu_count_note(model=m, cluster=make_cluster(gpu="h100-sxm-80gb", gpus=6), workload=w, space=PlanSpace(),
+                          gpus_per_node=8) is None

@@ -11,18 +11,23 @@ class PerfPredictError(ValueError):
 
 
 def close_names(name: str, known: Iterable[str], n: int = 5) -> list[str]:
+    """What the user probably meant: names starting with what was typed, then names containing it ("h100" -> every
+    h100 variant, which difflib's ratio ranks below h800 and b200), then difflib's close matches."""
     known = sorted(known)
-    close = difflib.get_close_matches(name.lower(), known, n=n, cutoff=0.4)
-    # Substring hits catch "h100" -> every h100 variant, which difflib's ratio misses.
-    close += [k for k in known if name.lower() in k and k not in close]
-    return close[:n] or known[:n]
+    typed = name.strip().lower()
+    # Every name starting with what was typed is shown (up to 10): "qwen2.5" names all seven sizes, so the one
+    # meant is among them whichever it is.
+    starts = [k for k in known if typed and k.startswith(typed)][:max(n, 10)]
+    close = starts + [k for k in known if typed and typed in k and k not in starts]
+    close += [k for k in difflib.get_close_matches(typed, known, n=n, cutoff=0.4) if k not in close]
+    return close[:max(n, len(starts))] or known[:n]
 
 
-def unknown(kind: str, name: str, known: Iterable[str]) -> PerfPredictError:
+def unknown(kind: str, name: str, known: Iterable[str], *, listed_by: str = "perfpredict catalog") -> PerfPredictError:
     known = list(known)
     return PerfPredictError(
         f"unknown {kind} {name!r}; close names: {', '.join(close_names(name, known))} "
-        f"({len(known)} known: `perfpredict catalog` lists them)"
+        f"({len(known)} known: `{listed_by}` lists them)"
     )
 
 

@@ -73,6 +73,31 @@ class GPUSpec:
             raise PerfPredictError(f"bad gpu fields: {e}") from None
 
 
+def node_shape(gpus: int, gpus_per_node: int, *, gpus_name: str = "gpus",
+               per_node_name: str = "gpus_per_node") -> tuple[int, int]:
+    """(gpus_per_node, nodes) of a cluster of `gpus`: one node of any size up to gpus_per_node, or whole nodes of
+    gpus_per_node. A count between (12 on 8-GPU nodes) would need a partial node, which no launcher here sets up,
+    so it is refused naming the counts around it. The names are how the caller's user spells the two counts."""
+    check_int(gpus_name, gpus, 1, MAX_GPUS_PER_NODE * MAX_NODES)
+    check_int(per_node_name, gpus_per_node, 1, MAX_GPUS_PER_NODE)
+    if gpus <= gpus_per_node:
+        return gpus, 1
+    if gpus % gpus_per_node == 0:
+        return gpus_per_node, gpus // gpus_per_node
+    below = gpus // gpus_per_node * gpus_per_node
+    raise PerfPredictError(f"{gpus_name} {gpus} is not a whole number of {gpus_per_node}-GPU nodes: use {below} or "
+                           f"{below + gpus_per_node}, or set {per_node_name}")
+
+
+def largest_prime_factor(n: int) -> int:
+    p, big = 2, 1
+    while p * p <= n:
+        while n % p == 0:
+            big, n = p, n // p
+        p += 1
+    return max(big, n) if n > 1 else big
+
+
 @dataclass(frozen=True)
 class Cluster:
     gpu: GPUSpec
@@ -120,11 +145,10 @@ class Cluster:
             check_int("nodes", nodes, 1, MAX_NODES)
         if "gpus" in d:
             total = check_int("gpus", d["gpus"], 1, MAX_GPUS_PER_NODE * MAX_NODES)
-            if "gpus_per_node" not in d or gpn > total:
-                gpn = min(gpn, total)  # fewer GPUs than a default node: one partial node
-            require(total % gpn == 0, f"gpus ({total}) must be a multiple of gpus_per_node ({gpn})")
-            require(nodes is None or nodes * gpn == total, f"gpus ({total}) != nodes ({nodes}) x gpus_per_node ({gpn})")
-            nodes = total // gpn
+            gpn, from_gpus = node_shape(total, gpn)
+            require(nodes is None or nodes == from_gpus,
+                    f"gpus ({total}) != nodes ({nodes}) x gpus_per_node ({gpn})")
+            nodes = from_gpus
         return cls(gpu=gpu, gpus_per_node=gpn, nodes=1 if nodes is None else nodes,
                    intra_node_bw_gb_per_s=d.get("intra_node_bw_gb_per_s", 0.0),
                    inter_node_bw_gb_per_s=d.get("inter_node_bw_gb_per_s", 0.0))

@@ -17,6 +17,7 @@ def writable_file(option: str, path: str | Path, *, not_same_as: str | Path | No
         raise PerfPredictError(f"{option}: {str(p)!r} is a directory; give a file name")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
+        _no_file_on_the_way(option, parent)
         raise PerfPredictError(f"{option}: directory {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise PerfPredictError(f"{option}: {str(p)!r} is not writable")
@@ -30,13 +31,23 @@ def writable_dir(option: str, path: str | Path) -> Path:
     p = Path(path)
     if not str(path) or "\0" in str(path):
         raise PerfPredictError(f"{option}: {str(path)!r} is not a usable folder name")
-    q = p
-    while not q.exists():
-        if q.parent == q:
-            break
-        q = q.parent
-    if q.exists() and not q.is_dir():
-        raise PerfPredictError(f"{option}: {str(q)!r} is a file, so {str(p)!r} cannot be a folder")
+    _no_file_on_the_way(option, p)
+    q = _nearest_existing(p)
     if not os.access(q, os.W_OK):
         raise PerfPredictError(f"{option}: {str(q)!r} is not writable")
     return p
+
+
+def _nearest_existing(p: Path) -> Path:
+    q = p
+    while not q.exists() and q.parent != q:
+        q = q.parent
+    return q
+
+
+def _no_file_on_the_way(option: str, folder: Path) -> None:
+    """A regular file where a folder must be (the folder itself or one above it) is the real problem, not a
+    missing folder: name it."""
+    q = _nearest_existing(folder)
+    if q.exists() and not q.is_dir():
+        raise PerfPredictError(f"{option}: {str(q)!r} is a file, not a folder")

@@ -174,10 +174,7 @@ def read_scenarios(path: Path | str) -> list[ScenarioItem]:
     is not UTF-8 or holds no scenario at all raises PerfPredictError."""
     path = Path(path)
     text = _read_text(path)
-    try:
-        obj = _loads(text)
-    except json.JSONDecodeError:
-        obj = _NOT_JSON
+    obj = _whole_document(path, text)
     if obj is not _NOT_JSON:
         if isinstance(obj, list):
             if not obj:
@@ -204,17 +201,48 @@ def read_scenarios(path: Path | str) -> list[ScenarioItem]:
 _NOT_JSON = object()
 
 
+def _whole_document(path: Path, text: str) -> Any:
+    """The file read as one JSON document, or _NOT_JSON when it is JSON Lines (one scenario per line, each answered
+    on its own). A file that is neither, whose first value spans several lines (a pretty-printed object or list), is
+    one broken document: read line by line, each of its lines would be reported as a bad scenario, so the error
+    names the JSON problem where the whole-file parse found it."""
+    try:
+        return _loads(text)
+    except json.JSONDecodeError as e:
+        error = e
+    lines = text.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        return _NOT_JSON
+    try:
+        _loads(lines[first])
+        return _NOT_JSON  # the first line is a value of its own: JSON Lines, a later line is bad
+    except json.JSONDecodeError:
+        pass
+    start = len(text) - len(text.lstrip())
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, start)
+        spans_lines = "\n" in text[start:end]  # the first value parsed, across lines: something follows it
+    except json.JSONDecodeError as e:
+        spans_lines = e.lineno > first + 1  # the first value ran on past its line before it broke
+    except RecursionError:
+        spans_lines = False
+    if not spans_lines:
+        return _NOT_JSON
+    what = "text after the end of the JSON value" if error.msg == "Extra data" else error.msg
+    raise PerfPredictError(f"{path} is not valid JSON: {what} at line {error.lineno}, column {error.colno} "
+                           "(a scenario file is one JSON object, a JSON list, or JSON Lines: one object per line)")
+
+
 def load_scenarios(path: Path | str) -> list[dict[str, Any]]:
     """One JSON object, a JSON list, or JSON Lines: returns the raw dicts, in order (the first bad line raises)."""
     path = Path(path)
     text = _read_text(path)
-    try:
-        obj = _loads(text)
+    obj = _whole_document(path, text)
+    if obj is not _NOT_JSON:
         if isinstance(obj, list) and not obj:
             raise PerfPredictError(f"{path} holds an empty list: no scenario to read")
         return obj if isinstance(obj, list) else [obj]
-    except json.JSONDecodeError:
-        pass
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if line.strip():

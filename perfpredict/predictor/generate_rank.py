@@ -139,11 +139,17 @@ def explain(r: GenRanking) -> str:
 
 
 # --- emit ---------------------------------------------------------------------------------------------------------
-def emit_vllm(r: GenRanking, *, out_dir: Path | str, model_id: str | None = None, rank_no: int = 1) -> list[Path]:
+def emit_vllm(r: GenRanking, *, model_id: str | None = None, out_dir: Path | str, rank_no: int = 1) -> list[Path]:
     """`vllm serve` arguments, an offline `LLM(...)` script splitting the prompts over replicas, and a launch
     script starting one server per replica on disjoint devices, with the engine settings the layout was ranked
-    with. The model is named by its Hugging Face id where the catalog knows it (what `vllm serve` loads)."""
-    model_id = model_id or getattr(r.model, "hf_id", None) or r.model.name
+    with (gpu_memory_utilization, or the CPU KV space).
+
+    model_id: what vLLM loads. None or the model's catalog name becomes the catalog entry's Hugging Face id, since
+    vLLM cannot load a perfpredict catalog name; anything else (a config path, a user's id) is written as given."""
+    from perfpredict.core.catalog import hf_id
+
+    if model_id is None or model_id == r.model.name:
+        model_id = hf_id(r.model) or model_id or r.model.name
     f = r.fitting
     if f.height < rank_no:
         raise PerfPredictError("nothing fits, so there is no layout to emit")
@@ -165,7 +171,8 @@ def emit_vllm(r: GenRanking, *, out_dir: Path | str, model_id: str | None = None
              'MODEL="${MODEL:-' + model_id + '}"']
     for i in range(row["replicas"]):
         devs = list(range(i * per, (i + 1) * per))
-        env = (f'VLLM_CPU_OMP_THREADS_BIND="{"|".join(map(str, devs))}" VLLM_CPU_KVCACHE_SPACE={r.kv_space_gib or CPU_KV_SPACE_DEFAULT_GIB:g}'
+        kv = r.kv_space_gib or CPU_KV_SPACE_DEFAULT_GIB
+        env = (f'VLLM_CPU_OMP_THREADS_BIND="{"|".join(map(str, devs))}" VLLM_CPU_KVCACHE_SPACE={kv:g}'
                if cpu else f"CUDA_VISIBLE_DEVICES={','.join(map(str, devs))}")
         lines.append(f'{env} vllm serve "$MODEL" {cli} --port {8000 + i} > replica{i}.log 2>&1 &')
     lines += ["wait"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.core.hardware import Cluster
+from perfpredict.core.hardware import Cluster, node_shape
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
@@ -128,7 +128,8 @@ def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, targe
     counts = [g for g in (1, 2, 4) if g < gpn] + [gpn * n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
                                                   if n <= max_nodes]
     for g in counts:
-        cl = replace(cluster, gpus_per_node=min(g, gpn), nodes=max(1, g // gpn))
+        per_node, nodes = node_shape(g, gpn)
+        cl = replace(cluster, gpus_per_node=per_node, nodes=nodes)
         try:
             r = rank_plans(model=model, cluster=cl, workload=workload, space=space, bundle=bundle)
         except PerfPredictError:

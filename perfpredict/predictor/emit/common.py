@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+from perfpredict.core.catalog import hf_id
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.frameworks import CAPABILITIES, TRL_FRAMEWORKS, why_not
 from perfpredict.core.hardware import Cluster
@@ -87,7 +88,7 @@ def fit(target: str, plan: Plan, workload: Workload, model: ModelSpec) -> str | 
 class Ctx:
     def __init__(self, model: ModelSpec, cluster: Cluster, workload: Workload, plan: Plan, model_id: str | None):
         self.model, self.cluster, self.workload, self.plan = model, cluster, workload, plan
-        self.model_id = model_id or _catalog_hf_id(model) or "<hf-model-id-or-path>"
+        self.model_id = model_id or hf_id(model) or "<hf-model-id-or-path>"
         self.label = plan.label()
         unit = "pairs" if workload.is_preference else "sequences"
         self.header = [
@@ -102,11 +103,6 @@ class Ctx:
         return self.workload.is_preference
 
 
-def _catalog_hf_id(model: ModelSpec) -> str | None:
-    from perfpredict.core.catalog import model_catalog_raw
-
-    raw = model_catalog_raw().get(model.name)
-    return raw.get("hf_id") if raw else None
 
 
 def check_common(ctx: Ctx) -> None:
