@@ -10,7 +10,6 @@ import re
 import shlex
 from pathlib import Path
 
-import click
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -49,19 +48,25 @@ def readme_commands(text: str) -> list[list[str]]:
     return out
 
 
+def _is_group(cmd: object) -> bool:
+    # Duck-typed: typer may vendor its own click, whose Group is not the installed click's.
+    return isinstance(getattr(cmd, "commands", None), dict)
+
+
 def _leaf_path(args: list[str]) -> list[str] | None:
     """The command words of `args` if the CLI knows every one of them (e.g. ["generate", "rank"]), else None."""
-    cmd: click.Command = typer.main.get_command(app)
+    cmd = typer.main.get_command(app)
+    assert _is_group(cmd), "perfpredict.cli.app should be a command group"
     path = []
     for word in args:
-        if not isinstance(cmd, click.Group):
+        if not _is_group(cmd):
             break
         sub = cmd.commands.get(word)
         if sub is None:
             return None
         path.append(word)
         cmd = sub
-    return path if not isinstance(cmd, click.Group) else None
+    return path if path and not _is_group(cmd) else None
 
 
 def _rewrite_outputs(args: list[str], tmp: Path) -> list[str]:
@@ -88,6 +93,12 @@ def test_readme_shows_commands() -> None:
 def test_readme_parser_joins_continuations_and_chains() -> None:
     text = "```bash\npython -m pip install . && perfpredict rank --model m \\\n  --top 3  # note\n```\n"
     assert readme_commands(text) == [["rank", "--model", "m", "--top", "3"]]
+
+
+def test_command_paths_resolve() -> None:
+    assert _leaf_path(["catalog", "gpus"]) == ["catalog"]
+    assert _leaf_path(["rank", "--model", "m"]) == ["rank"]
+    assert _leaf_path(["no-such-command"]) is None
 
 
 @pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(c)[:80] for c in COMMANDS])
