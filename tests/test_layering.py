@@ -1,5 +1,5 @@
 """The stages import only downstream of collect -> features -> train -> predictor -> cli: the learned models live in
-learn/, which train and predictor both import, so no stage reaches into a later one (the guide's "no arrow against
+models/, which train and predictor both import, so no stage reaches into a later one (the guide's "no arrow against
 the flow"). Checked on the source, imports inside functions included."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ PKG = Path(__file__).resolve().parents[1] / "perfpredict"
 ALLOWED = {
     "core": {"core"},
     "features": {"core", "features"},
-    "learn": {"core", "features", "learn"},
-    "train": {"core", "features", "learn", "train"},
-    "predictor": {"core", "features", "learn", "predictor"},
+    "models": {"core", "features", "models"},
+    "train": {"core", "features", "models", "train"},
+    "predictor": {"core", "features", "models", "predictor"},
 }
-STAGES = {"core", "features", "learn", "train", "predictor", "collect", "cli", "api"}
+STAGES = {"core", "features", "models", "train", "predictor", "collect", "cli", "api"}
 # The CLI modules inside predictor/ sit on top of the library facade (perfpredict.api), like cli.py does.
 CLI_MODULES = {"cli.py", "generate_cli.py"}
 

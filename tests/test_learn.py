@@ -13,8 +13,8 @@ from perfpredict.core.plan import Plan
 from perfpredict.core.workload import Workload
 from perfpredict.features.descriptors import describe
 from perfpredict.features.frame import plans_frame
-from perfpredict.learn.compose import kernel_queries
-from perfpredict.learn.plan_model import Correction, Intervals, calibrate_margin, conformal_quantiles
+from perfpredict.models.compose import kernel_queries
+from perfpredict.models.plan_model import Correction, Intervals, calibrate_margin, conformal_quantiles
 
 c = pl.col
 
@@ -119,8 +119,8 @@ def test_intervals_use_applicable_residuals_inside_and_at_least_the_keys_own_com
 def test_gpu_dispatch_hides_behind_device_time_only_where_fitted_so():
     """A GPU runs kernels asynchronously: with gpu_hidden = 1 (fitted per runtime, e.g. Megatron) host dispatch
     costs only what exceeds device time; 0 (and any old bundle without the key) adds it; a CPU always adds it."""
-    from perfpredict.learn.bundle import default_kernels
-    from perfpredict.learn.compose import compose
+    from perfpredict.models.bundle import default_kernels
+    from perfpredict.models.compose import compose
 
     big = describe(plans_frame(get_model("llama-3.1-8b"), Cluster(get_gpu("h100-sxm-80gb"), 8, 1),
                                Workload(objective="dpo", seq_len=4096, global_batch=64),
@@ -148,8 +148,8 @@ def test_gpu_dispatch_hides_behind_device_time_only_where_fitted_so():
 def test_fit_launch_floor_recovers_each_runtimes_host_model():
     """Steps made by the composition itself with Megatron's dispatch hidden (6e-5 s) and FSDP's added (2e-5 s) are
     explained back: the fit picks each runtime's floor and whether it hides, not one pooled compromise."""
-    from perfpredict.learn import compose as C
-    from perfpredict.learn.bundle import default_kernels
+    from perfpredict.models import compose as C
+    from perfpredict.models.bundle import default_kernels
 
     plans = [Plan(tp=t, dp=8 // t, micro_batch=m, grad_accum=g) for t in (1, 2, 4, 8) for m in (1, 2)
              for g in (1, 4)]

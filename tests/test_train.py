@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from perfpredict.cli import app
 from perfpredict.core.dataset import read_tables, write_atomic
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.learn.bundle import MODEL_SCHEMA_VERSION, Bundle
-from perfpredict.learn.kernels import KernelModel
+from perfpredict.models.bundle import MODEL_SCHEMA_VERSION, Bundle
+from perfpredict.models.kernels import KernelModel
 from perfpredict.train.data import load_runs
 
 runner = CliRunner()

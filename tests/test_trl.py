@@ -202,7 +202,7 @@ def test_emit_trl_ddp_accelerate_config():
 
 def test_trl_calibration_defaults_without_trl_steps_and_only_moves_trl_rows():
     """Fewer than 10 measured TRL steps: the defaults; the fitted efficiencies never touch a non-TRL or GPU row."""
-    from perfpredict.learn.compose import TRL_CALIBRATION, compose, fit_trl_calibration
+    from perfpredict.models.compose import TRL_CALIBRATION, compose, fit_trl_calibration
     from perfpredict.predictor.predict import load_predictor
 
     kernels = load_predictor().kernels
@@ -270,7 +270,7 @@ def test_deepspeed_step_gradient_buffers_when_activations_are_small():
 def test_deepspeed_host_terms_move_only_trl_deepspeed_cpu_rows():
     """The fitted DeepSpeed terms (a per-step engine cost, ZeRO-3's per-tensor hooks per pass) add exactly their
     units to TRL DeepSpeed plans on CPU, and nothing to a ZeRO-0..2 plan's hook term or to any other plan."""
-    from perfpredict.learn.compose import TRL_CALIBRATION, compose
+    from perfpredict.models.compose import TRL_CALIBRATION, compose
     from perfpredict.predictor.predict import load_predictor
 
     kernels = load_predictor().kernels

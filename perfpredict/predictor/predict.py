@@ -14,8 +14,8 @@ import polars as pl
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
 from perfpredict.features.descriptors import describe
-from perfpredict.learn.bundle import Bundle, default_path
-from perfpredict.learn.compose import compose
+from perfpredict.models.bundle import Bundle, default_path
+from perfpredict.models.compose import compose
 
 c = pl.col
 

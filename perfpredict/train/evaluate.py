@@ -25,8 +25,8 @@ from scipy.stats import spearmanr
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.features.trl import is_trl, trl_mode
-from perfpredict.learn.compose import compose
-from perfpredict.learn.kernels import KernelModel
+from perfpredict.models.compose import compose
+from perfpredict.models.kernels import KernelModel
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle
 
@@ -254,11 +254,11 @@ def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl
     """A quick trl-shape table without the learned layer: the composition with each shape's TRL calibration fitted
     without that shape (and without the largest, test-partition shape), and the analytic memory and step
     estimates, per trainer x reference mode. `kernels` default: the shipped predictor's (no TRL row in them)."""
-    from perfpredict.learn.compose import compose, fit_trl_calibration
+    from perfpredict.models.compose import compose, fit_trl_calibration
     from perfpredict.train.data import load_trl
 
     if kernels is None:
-        from perfpredict.learn.bundle import default_kernels
+        from perfpredict.models.bundle import default_kernels
 
         kernels = default_kernels()
     d = describe_trl(load_trl(data))

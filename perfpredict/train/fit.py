@@ -12,10 +12,10 @@ import polars as pl
 from sklearn.model_selection import GroupKFold
 
 from perfpredict.core.dataset import data_hash
-from perfpredict.learn.bundle import Bundle
-from perfpredict.learn.compose import compose, fit_launch_floor, fit_trl_calibration
-from perfpredict.learn.kernels import KernelModel
-from perfpredict.learn.plan_model import Correction, Intervals, calibrate_margin
+from perfpredict.models.bundle import Bundle
+from perfpredict.models.compose import compose, fit_launch_floor, fit_trl_calibration
+from perfpredict.models.kernels import KernelModel
+from perfpredict.models.plan_model import Correction, Intervals, calibrate_margin
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 
 c = pl.col

@@ -18,9 +18,9 @@ import numpy as np
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.learn.gb import GBRegressor, xgb
-from perfpredict.learn.kernels import KernelModel, kernel_features
-from perfpredict.learn.plan_model import (
+from perfpredict.models.gb import GBRegressor, xgb
+from perfpredict.models.kernels import KernelModel, kernel_features
+from perfpredict.models.plan_model import (
     Correction,
     Intervals,
     correction_from_meta,

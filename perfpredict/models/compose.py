@@ -15,8 +15,8 @@ import polars as pl
 from perfpredict.features.compute import forward_passes, on_cpu
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
-from perfpredict.learn.hardware_frame import hardware_table
-from perfpredict.learn.kernels import KernelModel, family_of
+from perfpredict.models.hardware_frame import hardware_table
+from perfpredict.models.kernels import KernelModel, family_of
 
 c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
