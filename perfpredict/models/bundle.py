@@ -84,10 +84,11 @@ def check_trl_calibration(cal: Any, where: str) -> dict[str, float] | None:
     return dict(cal)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Bundle:
     """`launch_floor_s` and `trl_calibration` are the fitted values of calibration.LaunchFloor and
-    calibration.TrlCalibration (None: TRL_CALIBRATION's defaults); compose() reads them from here."""
+    calibration.TrlCalibration (None: TRL_CALIBRATION's defaults); compose() reads them from here, never from
+    attributes of the kernel models."""
 
     kernels: KernelModel
     launch_floor_s: dict[str, float]
@@ -182,7 +183,8 @@ class Bundle:
         where = f"predictor at {str(path)!r}"
         return cls(kernels=kernels, launch_floor_s=check_launch_floor(meta.get("launch_floor_s"), where),
                    # absent in bundles trained before TRL rows
-                   trl_calibration=check_trl_calibration(meta.get("trl_calibration"), where), time=regs["time"], memory=regs["memory"],
+                   trl_calibration=check_trl_calibration(meta.get("trl_calibration"), where),
+                   time=regs["time"], memory=regs["memory"],
                    time_intervals=Intervals.from_dict(iv["time"]), memory_intervals=Intervals.from_dict(iv["memory"]),
                    oom_margin=float(meta["oom_margin"]), metadata=meta)
 
