@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +163,8 @@ def train_bundle(*, data: Path | str, seed: int = 0, progress=None) -> tuple[Bun
     kernels = KernelModel(seed=seed).fit(probes)
     step(f"fitting the launch floor, composing {runs.height} runs, corrections, out-of-fold intervals")
     bundle, composed = fit_bundle(runs, kernels, seed=seed, probes=probes)
-    bundle.metadata |= {
+    bundle = replace(bundle, metadata={
+        **bundle.metadata,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "seed": seed,
         "data_hash": {"probes": data_hash(probes.select(sorted(probes.columns))),
@@ -172,5 +173,5 @@ def train_bundle(*, data: Path | str, seed: int = 0, progress=None) -> tuple[Bun
                  "memory_labels": memory_rows(runs).height, "oom_labels": oom_rows(runs).height},
         "sources": sorted(runs["source"].unique().to_list()),
         "hardware": sorted(set(runs["g_name"].unique().to_list()) | set(probes["hardware"].unique().to_list())),
-    }
+    })
     return bundle, composed
