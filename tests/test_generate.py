@@ -25,7 +25,7 @@ from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import kv_capacity
-from perfpredict.learn.generate_compose import compose
+from perfpredict.models.generate_compose import compose
 from perfpredict.predictor.generate import default_model
 from perfpredict.predictor.generate_rank import rank_generate
 

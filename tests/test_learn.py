@@ -13,8 +13,8 @@ from perfpredict.core.plan import Plan
 from perfpredict.core.workload import Workload
 from perfpredict.features.descriptors import describe
 from perfpredict.features.frame import plans_frame
-from perfpredict.learn.compose import kernel_queries
-from perfpredict.learn.plan_model import Correction, Intervals, calibrate_margin, conformal_quantiles
+from perfpredict.models.compose import kernel_queries
+from perfpredict.models.plan_model import Correction, Intervals, calibrate_margin, conformal_quantiles
 
 c = pl.col
 
@@ -119,8 +119,8 @@ def test_intervals_use_applicable_residuals_inside_and_at_least_the_keys_own_com
 def test_gpu_dispatch_hides_behind_device_time_only_where_fitted_so():
     """A GPU runs kernels asynchronously: with gpu_hidden = 1 (fitted per runtime, e.g. Megatron) host dispatch
     costs only what exceeds device time; 0 (and any old bundle without the key) adds it; a CPU always adds it."""
-    from perfpredict.learn.bundle import default_kernels
-    from perfpredict.learn.compose import compose
+    from perfpredict.models.bundle import default_kernels
+    from perfpredict.models.compose import compose
 
     big = describe(plans_frame(get_model("llama-3.1-8b"), Cluster(get_gpu("h100-sxm-80gb"), 8, 1),
                                Workload(objective="dpo", seq_len=4096, global_batch=64),
@@ -148,8 +148,9 @@ def test_gpu_dispatch_hides_behind_device_time_only_where_fitted_so():
 def test_fit_launch_floor_recovers_each_runtimes_host_model():
     """Steps made by the composition itself with Megatron's dispatch hidden (6e-5 s) and FSDP's added (2e-5 s) are
     explained back: the fit picks each runtime's floor and whether it hides, not one pooled compromise."""
-    from perfpredict.learn import compose as C
-    from perfpredict.learn.bundle import default_kernels
+    from perfpredict.models import compose as C
+    from perfpredict.models.bundle import default_kernels
+    from perfpredict.models.calibration import LaunchFloor
 
     plans = [Plan(tp=t, dp=8 // t, micro_batch=m, grad_accum=g) for t in (1, 2, 4, 8) for m in (1, 2)
              for g in (1, 4)]
@@ -160,6 +161,43 @@ def test_fit_launch_floor_recovers_each_runtimes_host_model():
     k = default_kernels()
     truth = {"gpu": 2e-5, "cpu": 1e-4, "gpu:megatron": 6e-5, "gpu_hidden:megatron": 1.0}
     y = C._compose(desc, k, truth)["k_step_s"].to_numpy()
-    fl = C.fit_launch_floor(desc, k, y)
+    est = LaunchFloor(k)
+    assert est.fit(desc, y) is est
+    fl = est.floors_
     assert fl["gpu:megatron"] == pytest.approx(6e-5) and fl["gpu_hidden:megatron"] == 1.0
     assert fl["gpu:fsdp"] == pytest.approx(2e-5) and fl["gpu_hidden:fsdp"] == 0.0
+
+
+def test_step_term_estimators_follow_the_sklearn_contract():
+    """LaunchFloor and TrlCalibration: hyper-parameters only in __init__, clone() and set_params work, fit returns
+    self with `_` attributes, predict is the composition with the fitted values; no kernels is one clear error."""
+    from sklearn.base import clone
+
+    from perfpredict.core.errors import PerfPredictError
+    from perfpredict.models.bundle import default_bundle
+    from perfpredict.models.calibration import LaunchFloor, TrlCalibration
+    from perfpredict.models.compose import compose
+
+    b = default_bundle()
+    desc = describe(plans_frame(get_model("llama-3.2-1b"), Cluster(get_gpu("h100-sxm-80gb"), 8, 1),
+                                Workload(objective="dpo", seq_len=1024, global_batch=64),
+                                [Plan(tp=t, dp=8 // t, micro_batch=1, grad_accum=g) for t in (1, 2, 4, 8)
+                                 for g in (1, 4)]))
+    desc = pl.concat([desc] * 3)
+    y = compose(desc, b.kernels, launch_floor={"gpu": 3e-5, "cpu": 1e-4}, canonical=False)["k_step_s"].to_numpy()
+    for est, fitted in ((LaunchFloor(b.kernels, min_class_rows=10), "floors_"),
+                        (TrlCalibration(b.kernels, launch_floor=b.launch_floor_s), "calibration_")):
+        twin = clone(est)
+        assert twin is not est and twin.get_params().keys() == est.get_params().keys()
+        assert not hasattr(twin, fitted) and twin.get_params()["kernels"] is not est.kernels
+        assert twin.set_params(kernels=b.kernels) is twin and twin.kernels is b.kernels
+        assert twin.fit(desc, y) is twin and hasattr(twin, fitted) and not hasattr(est, fitted)
+        floor = twin.floors_ if fitted == "floors_" else twin.launch_floor
+        cal = twin.calibration_ if fitted == "calibration_" else None
+        want = compose(desc, b.kernels, launch_floor=floor, trl_calibration=cal, canonical=False)["k_step_s"]
+        assert np.array_equal(twin.predict(desc), want.to_numpy())
+        with pytest.raises(PerfPredictError, match="needs fitted kernel models"):
+            clone(est).set_params(kernels=None).fit(desc, y)
+        with pytest.raises(PerfPredictError, match="one per run"):
+            twin.fit(desc, y[:-1])
+    assert LaunchFloor(b.kernels, min_class_rows=10).fit(desc, y).floors_["gpu"] == 3e-5

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from perfpredict.cli import app
 from perfpredict.core.dataset import read_tables, write_atomic
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.learn.bundle import MODEL_SCHEMA_VERSION, Bundle
-from perfpredict.learn.kernels import KernelModel
+from perfpredict.models.bundle import MODEL_SCHEMA_VERSION, Bundle
+from perfpredict.models.kernels import KernelModel
 from perfpredict.train.data import load_runs
 
 runner = CliRunner()
@@ -75,6 +75,18 @@ def test_load_refuses_mismatch(trained, tmp_path):
         Bundle.load(bad)
     with pytest.raises(PerfPredictError, match="metadata.json missing"):
         Bundle.load(tmp_path / "nowhere")
+    meta["versions"]["xgboost"] = json.loads((trained / "metadata.json").read_text())["versions"]["xgboost"]
+    for key, value, msg in (("launch_floor_s", {"gpu": -1.0}, r"launch_floor_s\['gpu'\] = -1.0"),
+                            ("launch_floor_s", {"tpu": 1e-5}, "launch_floor_s"),
+                            ("launch_floor_s", {"gpu_hidden:megatron": 2.0}, "_hidden share"),
+                            ("trl_calibration", {"gemm_scale": "fast"}, r"trl_calibration\['gemm_scale'\]"),
+                            ("trl_calibration", {"speed": 1.0}, "expected keys among")):
+        (bad / "metadata.json").write_text(json.dumps({**meta, key: value}))
+        with pytest.raises(PerfPredictError, match=msg):
+            Bundle.load(bad)
+    # A bundle trained before TRL rows has no calibration: the defaults compose its steps.
+    (bad / "metadata.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "trl_calibration"}))
+    assert Bundle.load(bad).trl_calibration is None
 
 
 def test_feature_list_mismatch_is_refused(trained):

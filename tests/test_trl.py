@@ -202,24 +202,21 @@ def test_emit_trl_ddp_accelerate_config():
 
 def test_trl_calibration_defaults_without_trl_steps_and_only_moves_trl_rows():
     """Fewer than 10 measured TRL steps: the defaults; the fitted efficiencies never touch a non-TRL or GPU row."""
-    from perfpredict.learn.compose import TRL_CALIBRATION, compose, fit_trl_calibration
+    from perfpredict.models.calibration import TrlCalibration
+    from perfpredict.models.compose import TRL_CALIBRATION, compose
     from perfpredict.predictor.predict import load_predictor
 
-    kernels = load_predictor().kernels
+    b = load_predictor()
     d = _describe([_row("dpo", "live"), {**_row("dpo", "live"), "p_framework": "fsdp"},
                    _row("dpo", "live", cluster=Cluster(gpu=get_gpu("h100-sxm-80gb"), gpus_per_node=1, nodes=1),
                         precision="bf16")])
-    assert fit_trl_calibration(d, kernels, np.ones(d.height)) == TRL_CALIBRATION
-    orig = kernels.trl_calibration_
-    cal = {**TRL_CALIBRATION, **(orig or {})}  # the shipped bundle's fitted calibration over the defaults
-    try:
-        kernels.trl_calibration_ = cal
-        base = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
-        kernels.trl_calibration_ = {**cal, "gemm_scale": cal["gemm_scale"] * 2.0}
-        out = compose(d, kernels, canonical=False)
-        moved = out["k_step_s"].to_numpy()
-    finally:
-        kernels.trl_calibration_ = orig
+    est = TrlCalibration(b.kernels, launch_floor=b.launch_floor_s).fit(d, np.ones(d.height))
+    assert est.calibration_ == TRL_CALIBRATION and est.n_rows_ == 1
+    cal = {**TRL_CALIBRATION, **(b.trl_calibration or {})}  # the shipped bundle's fitted calibration over the defaults
+    base = compose(d, b.kernels, launch_floor=b.launch_floor_s, trl_calibration=cal, canonical=False)["k_step_s"]
+    out = compose(d, b.kernels, launch_floor=b.launch_floor_s,
+                  trl_calibration={**cal, "gemm_scale": cal["gemm_scale"] * 2.0}, canonical=False)
+    base, moved = base.to_numpy(), out["k_step_s"].to_numpy()
     # Doubling the GEMM efficiency scale adds the TRL row's scaled GEMM time once more, and nothing elsewhere.
     gemm = out["k_gemm_s"].to_numpy()
     assert moved[0] == pytest.approx(base[0] + cal["gemm_scale"] * gemm[0])
@@ -270,21 +267,20 @@ def test_deepspeed_step_gradient_buffers_when_activations_are_small():
 def test_deepspeed_host_terms_move_only_trl_deepspeed_cpu_rows():
     """The fitted DeepSpeed terms (a per-step engine cost, ZeRO-3's per-tensor hooks per pass) add exactly their
     units to TRL DeepSpeed plans on CPU, and nothing to a ZeRO-0..2 plan's hook term or to any other plan."""
-    from perfpredict.learn.compose import TRL_CALIBRATION, compose
+    from perfpredict.models.compose import TRL_CALIBRATION, compose
     from perfpredict.predictor.predict import load_predictor
 
-    kernels = load_predictor().kernels
+    b = load_predictor()
     d = _describe([_row("dpo", "live", framework="trl+deepspeed", zero=3),
                    _row("dpo", "live", framework="trl+deepspeed", zero=2), _row("dpo", "live")])
-    orig = kernels.trl_calibration_
-    cal = {**TRL_CALIBRATION, **(orig or {})}
-    try:
-        kernels.trl_calibration_ = {**cal, "zero3_hook_s": 0.0, "deepspeed_step_s": 0.0}
-        base = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
-        kernels.trl_calibration_ = {**cal, "zero3_hook_s": 1e-3, "deepspeed_step_s": 0.1}
-        moved = compose(d, kernels, canonical=False)["k_step_s"].to_numpy()
-    finally:
-        kernels.trl_calibration_ = orig
+    cal = {**TRL_CALIBRATION, **(b.trl_calibration or {})}
+
+    def step(**terms):
+        return compose(d, b.kernels, launch_floor=b.launch_floor_s, trl_calibration={**cal, **terms},
+                       canonical=False)["k_step_s"].to_numpy()
+
+    base = step(zero3_hook_s=0.0, deepspeed_step_s=0.0)
+    moved = step(zero3_hook_s=1e-3, deepspeed_step_s=0.1)
     row = d.row(0, named=True)
     tensors = row["m_layers"] * 9 + 2 + (0 if row["m_tied"] else 1)
     assert moved[0] - base[0] == pytest.approx(0.1 + 1e-3 * tensors * row["d_layer_passes"] * row["p_grad_accum"])

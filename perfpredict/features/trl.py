@@ -140,7 +140,7 @@ def trl_mode() -> pl.Expr:
 
 def head_passes(df: pl.DataFrame) -> pl.DataFrame:
     """Output-head work per micro-batch, in units of the policy batch's head GEMM ([T x h] @ [h x V]) and its
-    full-vocabulary elementwise pass, for the kernel composition (learn/compose.py):
+    full-vocabulary elementwise pass, for the kernel composition (models/compose.py):
 
     - d_head_fwd_passes: head GEMMs forward. Plain trainers: the policy's forward and the live reference's. TRL's
       fused head recomputes each tile in the backward (one more), and KTO's KL batch and reference KL pass add

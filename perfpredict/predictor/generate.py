@@ -1,5 +1,5 @@
 """Predicted generation throughput, KV capacity and time to generate for vLLM scenarios (issue 11's output keys),
-from the shipped generation model (learn.generate_model) over the kernel composition (learn.generate_compose)."""
+from the shipped generation model (models.generate_model) over the kernel composition (models.generate_compose)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import polars as pl
 
 from perfpredict.core.generate import GenScenario
 from perfpredict.features.generate import default_max_num_seqs
-from perfpredict.learn.generate_compose import compose
-from perfpredict.learn.generate_model import MODEL_DIR, GenerationModel
+from perfpredict.models.generate_compose import compose
+from perfpredict.models.generate_model import MODEL_DIR, GenerationModel
 
 
 @dataclass(frozen=True)

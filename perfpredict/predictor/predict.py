@@ -14,8 +14,7 @@ import polars as pl
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
 from perfpredict.features.descriptors import describe
-from perfpredict.learn.bundle import Bundle, default_path
-from perfpredict.learn.compose import compose
+from perfpredict.models.bundle import Bundle, default_path
 
 c = pl.col
 
@@ -33,7 +32,7 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
     """Flat scenario rows -> the same rows with descriptors, the composition and every prediction column."""
     b = bundle or load_predictor()
     df = flat if described else describe(flat)
-    df = compose(df, b.kernels)
+    df = b.compose(df)
     b.check_features(df)
     p = b.apply(df)
     t, mem = p["pred_time_s"], p["pred_mem_gib"]

@@ -12,7 +12,7 @@ from perfpredict.core.model import ModelSpec
 from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
 from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
-from perfpredict.learn.bundle import Bundle
+from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import load_predictor, predict_frame
 
 c = pl.col

@@ -25,8 +25,7 @@ from scipy.stats import spearmanr
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.features.trl import is_trl, trl_mode
-from perfpredict.learn.compose import compose
-from perfpredict.learn.kernels import KernelModel
+from perfpredict.models.kernels import KernelModel
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle
 
@@ -94,7 +93,7 @@ def held_out(runs: pl.DataFrame, probes: pl.DataFrame, *, split: str, seed: int 
         # Only a held-out hardware's rows read the never-probed-hardware interval; other splits skip its refits.
         bundle, _ = fit_bundle(train, k, seed=seed, variant=variant,
                                probes=probes.filter(c("hardware") != name) if split == "hardware" else None)
-        composed = compose(test, bundle.kernels)
+        composed = bundle.compose(test)
         parts.append(composed.with_columns(
             **{key: pl.Series(v) for key, v in bundle.apply(composed).items()},
             split=pl.lit(split), fold=pl.lit(name), variant=pl.lit(variant.name)))
@@ -250,17 +249,19 @@ def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
     return path
 
 
-def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl.DataFrame:
+def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None,
+                  launch_floor: dict[str, float] | None = None) -> pl.DataFrame:
     """A quick trl-shape table without the learned layer: the composition with each shape's TRL calibration fitted
     without that shape (and without the largest, test-partition shape), and the analytic memory and step
-    estimates, per trainer x reference mode. `kernels` default: the shipped predictor's (no TRL row in them)."""
-    from perfpredict.learn.compose import compose, fit_trl_calibration
+    estimates, per trainer x reference mode. `kernels` default: the shipped predictor's (no TRL row in them), with
+    its launch floor; `launch_floor` None with other kernels: compose.LAUNCH_FLOOR_S."""
+    from perfpredict.models.calibration import TrlCalibration
     from perfpredict.train.data import load_trl
 
     if kernels is None:
-        from perfpredict.learn.bundle import default_kernels
+        from perfpredict.models.bundle import default_bundle
 
-        kernels = default_kernels()
+        kernels, launch_floor = default_bundle().kernels, launch_floor or default_bundle().launch_floor_s
     d = describe_trl(load_trl(data))
     largest = d["m_params"].max()
     t = time_rows(d)
@@ -268,9 +269,8 @@ def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None) -> pl
     pred = np.full(len(y), np.nan)
     for s_ in np.unique(shape):
         te, tr = shape == s_, (shape != s_) & (params != largest)
-        cal = fit_trl_calibration(t.filter(pl.Series(tr)), kernels, y[tr])
-        pred[te] = compose(t.filter(pl.Series(te)), kernels, trl_calibration=cal,
-                           canonical=False)["k_step_s"].to_numpy()
+        cal = TrlCalibration(kernels, launch_floor=launch_floor).fit(t.filter(pl.Series(tr)), y[tr])
+        pred[te] = cal.predict(t.filter(pl.Series(te)))
     t = t.with_columns(_comp=pl.Series(pred))
     m = memory_rows(d)
     rows = []

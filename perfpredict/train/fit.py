@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +11,11 @@ import polars as pl
 from sklearn.model_selection import GroupKFold
 
 from perfpredict.core.dataset import data_hash
-from perfpredict.learn.bundle import Bundle
-from perfpredict.learn.compose import compose, fit_launch_floor, fit_trl_calibration
-from perfpredict.learn.kernels import KernelModel
-from perfpredict.learn.plan_model import Correction, Intervals, calibrate_margin
+from perfpredict.models.bundle import Bundle
+from perfpredict.models.calibration import LaunchFloor, TrlCalibration
+from perfpredict.models.compose import compose
+from perfpredict.models.kernels import KernelModel
+from perfpredict.models.plan_model import Correction, Intervals, calibrate_margin
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 
 c = pl.col
@@ -54,15 +54,12 @@ def fit_corrections(composed: pl.DataFrame, *, seed: int = 0, variant: Variant =
     return time, mem
 
 
-def with_launch_floor(runs: pl.DataFrame, kernels: KernelModel) -> KernelModel:
-    """A copy of the kernel models carrying the launch floor (and TRL's calibration) fitted on these runs' measured
-    steps."""
-    k = copy.copy(kernels)
-    k.launch_floor_s_ = None
+def fit_step_terms(runs: pl.DataFrame, kernels: KernelModel) -> tuple[LaunchFloor, TrlCalibration]:
+    """The launch floor, then TRL's calibration over it, fitted on these runs' measured steps."""
     tr = time_rows(runs)
-    k.launch_floor_s_ = fit_launch_floor(tr, k, tr["step_time_s"].to_numpy())
-    k.trl_calibration_ = fit_trl_calibration(tr, k, tr["step_time_s"].to_numpy())
-    return k
+    y = tr["step_time_s"].to_numpy()
+    floor = LaunchFloor(kernels).fit(tr, y)
+    return floor, TrlCalibration(kernels, launch_floor=floor.floors_).fit(tr, y)
 
 
 # Inner folds that hold out what users extrapolate to (the evaluate splits' kinds): a whole model, a whole width of
@@ -104,19 +101,19 @@ def _uncomposed(df: pl.DataFrame) -> pl.DataFrame:
     return df.drop([x for x in df.columns if x.startswith(("k_", "kc_"))])
 
 
-def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, kernels: KernelModel, *,
-                              seed: int = 0) -> np.ndarray:
+def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, *, launch_floor: dict[str, float],
+                              trl_calibration: dict[str, float], seed: int = 0) -> np.ndarray:
     """log10(measured / composed) on each measured hardware, composed by kernel models refitted without that
-    hardware's probes (the launch floor and TRL calibration kept): what the composition does on a hardware it has never seen."""
+    hardware's probes (with the launch floor and TRL calibration fitted on all of them): what the composition does
+    on a hardware it has never seen."""
     out = []
     tr = time_rows(runs)
     for hw in sorted(set(tr["g_name"].unique().to_list()) & set(probes["hardware"].unique().to_list())):
         k = KernelModel(seed=seed).fit(probes.filter(c("hardware") != hw))
-        # The fitted terms travel with the refit (TRL rows on a CPU held out were composed without their own
+        # The fitted terms compose the refit too (TRL rows on a CPU held out were composed without their own
         # calibration, unlike every prediction).
-        k.launch_floor_s_ = kernels.launch_floor_s_
-        k.trl_calibration_ = getattr(kernels, "trl_calibration_", None)
-        composed = compose(_uncomposed(tr.filter(c("g_name") == hw)), k)
+        composed = compose(_uncomposed(tr.filter(c("g_name") == hw)), k, launch_floor=launch_floor,
+                           trl_calibration=trl_calibration)
         out.append(np.log10(composed["step_time_s"].to_numpy() / composed["k_step_s"].to_numpy()))
     return np.concatenate(out) if out else np.zeros(0)
 
@@ -128,8 +125,8 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
     described, not yet composed. With `probes`, the time intervals of a hardware never probed are calibrated by
     leaving each measured hardware's probes out. Returns the bundle and the composed runs with out-of-fold
     predictions."""
-    k = with_launch_floor(runs, kernels)
-    composed = compose(_uncomposed(runs), k)
+    floor, trl = fit_step_terms(runs, kernels)
+    composed = compose(_uncomposed(runs), kernels, launch_floor=floor.floors_, trl_calibration=trl.calibration_)
     time, mem = fit_corrections(composed, seed=seed, variant=variant)
     oof = _out_of_fold(composed, seed=seed, variant=variant, folds=folds)
     composed = composed.with_columns(**{f"oof_{key}": pl.Series(v[: composed.height]) for key, v in oof.items()})
@@ -145,11 +142,13 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
                            np.log10(mr["peak_memory_gib"] / mr["d_mem_gib"]).to_numpy(),
                            oof_weight=mr["oof_mem_weight"].to_numpy())
     if probes is not None:
-        t_iv.fit_unseen_hardware(unseen_hardware_residuals(runs, probes, k, seed=seed))
+        t_iv.fit_unseen_hardware(unseen_hardware_residuals(runs, probes, launch_floor=floor.floors_,
+                                                           trl_calibration=trl.calibration_, seed=seed))
     orows = oom_rows(stacked).filter(c("oof_pred_mem_gib").is_not_nan())
     margin = calibrate_margin(orows["oof_pred_mem_gib"].to_numpy(), orows["g_memory_gib"].to_numpy(),
                               orows["fits"].to_numpy())
-    bundle = Bundle(kernels=k, time=time, memory=mem, time_intervals=t_iv, memory_intervals=m_iv, oom_margin=margin,
+    bundle = Bundle(kernels=kernels, launch_floor_s=floor.floors_, trl_calibration=trl.calibration_, time=time,
+                    memory=mem, time_intervals=t_iv, memory_intervals=m_iv, oom_margin=margin,
                     metadata={"variant": variant.name})
     return bundle, composed
 
@@ -164,7 +163,8 @@ def train_bundle(*, data: Path | str, seed: int = 0, progress=None) -> tuple[Bun
     kernels = KernelModel(seed=seed).fit(probes)
     step(f"fitting the launch floor, composing {runs.height} runs, corrections, out-of-fold intervals")
     bundle, composed = fit_bundle(runs, kernels, seed=seed, probes=probes)
-    bundle.metadata |= {
+    bundle = replace(bundle, metadata={
+        **bundle.metadata,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "seed": seed,
         "data_hash": {"probes": data_hash(probes.select(sorted(probes.columns))),
@@ -173,5 +173,5 @@ def train_bundle(*, data: Path | str, seed: int = 0, progress=None) -> tuple[Bun
                  "memory_labels": memory_rows(runs).height, "oom_labels": oom_rows(runs).height},
         "sources": sorted(runs["source"].unique().to_list()),
         "hardware": sorted(set(runs["g_name"].unique().to_list()) | set(probes["hardware"].unique().to_list())),
-    }
+    })
     return bundle, composed

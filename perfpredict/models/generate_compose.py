@@ -1,4 +1,4 @@
-"""Generation time of a vLLM deployment composed from kernel predictions (the corrected model: learn.generate_model).
+"""Generation time of a vLLM deployment composed from kernel predictions (the corrected model: models.generate_model).
 
 Per replica (replicas split the prompts evenly and run side by side; the slowest sets the wall time):
 1. Batching (vLLM V1's scheduler, simplified to the equal-length requests of preference-data generation): R =
@@ -8,7 +8,7 @@ Per replica (replicas split the prompts evenly and run side by side; the slowest
    Prefill: R x input tokens less prefix-cache hits (features.generate.prefix_cache_hit_tokens: samples 2..n of a
    prompt reuse its full blocks; the first sample of later prompts the shared prefix's; never the last token), in
    chunks of max_num_batched_tokens.
-2. Step times from the kernel models (learn.kernels, public KernelModel.predict): per layer the four GEMMs at
+2. Step times from the kernel models (models.kernels, public KernelModel.predict): per layer the four GEMMs at
    m = batch (decode: skinny) or chunk tokens (prefill), attention (decode: K/V read over the context as a
    memory-bound op; prefill: the attention family), norms/activation/residual, two TP all-reduces; the output head
    and, with TP, the logits gather. Pipeline parallelism: pp micro-batches of B/pp in flight, each through L/pp
@@ -34,7 +34,7 @@ from perfpredict.features.generate import (
     kv_heads_per_rank,
     prefix_cache_hit_tokens,
 )
-from perfpredict.learn.bundle import default_kernels
+from perfpredict.models.bundle import default_kernels
 
 GPU_STEP_OVERHEAD_S = 1.5e-3  # estimate: V1 scheduler + sampler + CUDA-graph launch per step, not measured here
 

@@ -9,14 +9,13 @@ plans are deduplicated by kernel shape and predicted in one batch per family."""
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from perfpredict.features.compute import forward_passes, on_cpu
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
-from perfpredict.learn.hardware_frame import hardware_table
-from perfpredict.learn.kernels import KernelModel, family_of
+from perfpredict.models.hardware_frame import hardware_table
+from perfpredict.models.kernels import KernelModel, family_of
 
 c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
@@ -41,7 +40,7 @@ UNTIMED_FWD_PER_LAYER = 5.0
 UNTIMED_BWD_PER_LAYER = 10.0
 # Share of each compute query's time that is backward (overlap budget for the gradient reduction).
 BWD_SHARE = {"bwd_input": 1.0, "bwd_weight": 1.0, "fwd_bwd": 2.5 / 3.5}
-# Host dispatch + launch cost per kernel (seconds) until fitted on measured steps (fit_launch_floor): eager
+# Host dispatch + launch cost per kernel (seconds) until fitted on measured steps (calibration.LaunchFloor): eager
 # trainers issue kernels one by one, and small kernels leave the GPU waiting on the host.
 # How that host time meets the device's ("<class>_hidden"): on a CPU the ops run in the dispatching thread, so it
 # adds (0). A GPU runs kernels asynchronously: where the host dispatches ahead of the device (no host syncs inside
@@ -52,14 +51,11 @@ BWD_SHARE = {"bwd_input": 1.0, "bwd_weight": 1.0, "fwd_bwd": 2.5 / 3.5}
 # GPU gets the pooled floor, added: hiding it there made the held-out playbook (nanotron) 7 points worse when only
 # Megatron's steps were in training, and an unknown runtime may sync the host anywhere.
 LAUNCH_FLOOR_S = {"gpu": 2e-5, "cpu": 3e-5}
-LAUNCH_GRID_S = (5e-6, 1e-5, 2e-5, 3e-5, 4e-5, 6e-5, 8e-5, 1.2e-4)
-HIDDEN_GRID = (0.0, 1.0)
-MIN_RUNTIME_ROWS = 100
 # TRL on CPU (features.trl): per-family efficiencies of the trainer's own model code against our kernel probes, and
 # the scale of the fused head's torch fold (in its cross-entropy fwd+bwd units). TRL runs transformers'
 # LlamaForCausalLM, not our harness's model: its SDPA gets a 4-D float mask and K/V repeated to every head
 # (repeat_kv), its norms and rotary run as several eager ops. Fitted on measured TRL steps like the launch floor
-# (fit_trl_calibration: bounded scales, one per kernel family, so each stays a physical efficiency and a step
+# (calibration.TrlCalibration: bounded scales, one per kernel family, so each stays a physical efficiency and a step
 # still moves with its own GEMM, attention and elementwise work); these defaults hold until then. GPU rows get
 # none of them (TRL was not measured there).
 # DeepSpeed ZeRO-3 under TRL (trl+deepspeed, stage 3): the engine's per-module hooks (fetch, release, the
@@ -71,9 +67,6 @@ MIN_RUNTIME_ROWS = 100
 # ZeRO 1-2, overflow checks): seconds per optimizer step (ZeRO 0-2 steps were 20-30 % above the composition).
 TRL_CALIBRATION = {"fold_scale": 1.0, "gemm_scale": 1.0, "attention_scale": 1.0, "membound_scale": 1.0,
                    "zero3_hook_s": 0.0, "deepspeed_step_s": 0.0}
-TRL_SCALE_BOUNDS = (0.25, 8.0)
-ZERO3_HOOK_BOUNDS_S = (0.0, 0.01)
-DEEPSPEED_STEP_BOUNDS_S = (0.0, 0.5)
 TRL_FAMILIES = ("gemm", "attention", "membound")
 
 
@@ -178,7 +171,7 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
         b.select("row", "hardware", "dtype", op=pl.lit("cross_entropy"), numel=_i(c("T") * c("V") / c("t")),
                  count=c("mbs") * c("head_ce")),
         # TRL's fused head on CPU (features.trl.head_passes): its torch fold, in cross-entropy fwd+bwd units,
-        # scaled by the fitted calibration (fit_trl_calibration).
+        # scaled by the fitted calibration (calibration.TrlCalibration).
         b.filter(c("head_fold") > 0).select("row", "hardware", "dtype", op=pl.lit("cross_entropy"),
                                             pass_=pl.lit("fwd_bwd"), numel=_i(c("T") * c("V") / c("t")),
                                             count=c("mbs") * c("head_fold"), part=pl.lit("trlfold")),
@@ -261,40 +254,6 @@ def launch_floor_s(hardware: pl.Expr, floors: dict[str, float], key: str = "") -
     return pl.when(on_cpu(hardware)).then(floors.get(f"cpu{key}", 0.0)).otherwise(gpu)
 
 
-def _best_floor(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray, floors: dict[str, float],
-                key: str, hidden: tuple[float, ...]) -> dict[str, float]:
-    """floors with `key` (and `key`'s hidden share) set to the grid point of least median |log10 ratio|."""
-    parts = _kernel_parts(desc, kernels)
-    best, out = np.inf, floors
-    for h in hidden:
-        for f in LAUNCH_GRID_S:
-            trial = {**floors, key: f, key.replace(":", "_hidden:", 1) if ":" in key else f"{key}_hidden": h}
-            err = np.median(np.abs(np.log10(y_s / _assemble(parts, trial)["k_step_s"].to_numpy())))
-            if err < best:
-                best, out = err, trial
-    return out
-
-
-def fit_launch_floor(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray) -> dict[str, float]:
-    """The per-kernel launch cost of each device class that best explains measured steps (median |log ratio| of
-    measured to composed, over a grid); on GPUs pooled (added) and per trainer runtime with enough steps, with
-    whether it hides behind device time (HIDDEN_GRID). A class without measured steps keeps the default."""
-    floors = dict(LAUNCH_FLOOR_S)
-    cpu = desc.select(on_cpu()).to_series().to_numpy()
-    if cpu.sum() >= 20:
-        floors = _best_floor(desc.filter(pl.Series(cpu)), kernels, y_s[cpu], floors, "cpu", (0.0,))
-    if (~cpu).sum() >= 20:
-        gpu = desc.filter(pl.Series(~cpu))
-        floors = _best_floor(gpu, kernels, y_s[~cpu], floors, "gpu", (0.0,))
-        rts = gpu["d_runtime"].to_numpy()
-        for rt in sorted(set(rts)):
-            idx = rts == rt
-            if idx.sum() >= MIN_RUNTIME_ROWS:
-                floors = _best_floor(gpu.filter(pl.Series(idx)), kernels, y_s[~cpu][idx], floors, f"gpu:{rt}",
-                                     HIDDEN_GRID)
-    return floors
-
-
 def _exposed(comm: pl.Expr, hide_behind: pl.Expr, tail: pl.Expr) -> pl.Expr:
     """Communication left exposed when it overlaps `hide_behind`: what exceeds it, and at least the tail that
     starts after the last computation it could hide behind. Non-decreasing in `comm`, so a slower link is never
@@ -327,41 +286,17 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
             trl_calibration: dict[str, float] | None = None, canonical: bool = True) -> pl.DataFrame:
     """Adds k_<part>_s for each part and k_step_s (the composed step time) to a descriptor frame, and (with
     `canonical`) kc_<part>_frac, the shares of the canonical plan's composed step (see canonical_frame). The
-    launch floor and the TRL calibration are the ones fitted with the kernels (`kernels.launch_floor_s_`,
-    `kernels.trl_calibration_`) unless given, else the defaults."""
-    floors = launch_floor or getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S
-    cal = {**TRL_CALIBRATION, **(trl_calibration or getattr(kernels, "trl_calibration_", None) or {})}
+    launch floor and the TRL calibration are the fitted values a bundle carries (calibration.LaunchFloor's
+    floors_, calibration.TrlCalibration's calibration_; keys it lacks keep TRL_CALIBRATION's); None: the
+    defaults, LAUNCH_FLOOR_S and TRL_CALIBRATION."""
+    floors = launch_floor or LAUNCH_FLOOR_S
+    cal = {**TRL_CALIBRATION, **(trl_calibration or {})}
     out = _compose(desc, kernels, floors, cal)
     if not canonical:
         return out
     canon = _compose(canonical_frame(desc), kernels, floors, cal)
     return out.with_columns(
         kc_step_s=canon["k_step_s"], **{f"kc_{p}_frac": canon[f"k_{p}_frac"] for p in (*PARTS, "launch")})
-
-
-def fit_trl_calibration(desc: pl.DataFrame, kernels: KernelModel, y_s: np.ndarray) -> dict[str, float]:
-    """TRL_CALIBRATION's scales that best explain measured TRL steps on CPU: bounded least squares on relative
-    error (each step weighted by 1/measured), the defaults without at least 10 such steps."""
-    from scipy.optimize import lsq_linear
-
-    trl = desc.select(_trl_cpu().fill_null(False)).to_series().to_numpy()
-    if trl.sum() < 10:
-        return dict(TRL_CALIBRATION)
-    sub = desc.filter(pl.Series(trl))
-    ident = {**TRL_CALIBRATION, "fold_scale": 0.0}
-    base = _compose(sub, kernels, getattr(kernels, "launch_floor_s_", None) or LAUNCH_FLOOR_S, ident)
-    fam = np.column_stack([base[f"k_{f}_s"].to_numpy() for f in TRL_FAMILIES]
-                          + [base["k_trlfold_unit_s"].to_numpy(), sub.select(_zero3_hook_units()).to_series().to_numpy(),
-                             sub.select(_deepspeed_steps()).to_series().to_numpy()])
-    y = y_s[trl]
-    rest = base["k_step_s"].to_numpy() - fam[:, :3].sum(axis=1)  # launch, optimizer, host: kept as composed
-    w = 1.0 / y
-    lo, hi = TRL_SCALE_BOUNDS
-    bounds = ([lo] * 4 + [ZERO3_HOOK_BOUNDS_S[0], DEEPSPEED_STEP_BOUNDS_S[0]],
-              [hi] * 4 + [ZERO3_HOOK_BOUNDS_S[1], DEEPSPEED_STEP_BOUNDS_S[1]])
-    x = lsq_linear(fam * w[:, None], (y - rest) * w, bounds=bounds).x
-    return {"gemm_scale": float(x[0]), "attention_scale": float(x[1]), "membound_scale": float(x[2]),
-            "fold_scale": float(x[3]), "zero3_hook_s": float(x[4]), "deepspeed_step_s": float(x[5])}
 
 
 def _trl_cpu() -> pl.Expr:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfpredict.learn.gb import GBRegressor
-from perfpredict.learn.hardware_frame import with_hardware
+from perfpredict.models.gb import GBRegressor
+from perfpredict.models.hardware_frame import with_hardware
 
 c = pl.col
 FAMILIES = ("gemm", "attention", "membound", "collective")

@@ -22,7 +22,7 @@ from scipy.spatial import cKDTree
 from perfpredict.core.catalog import cpu_names
 from perfpredict.core.frameworks import TRL_FRAMEWORKS
 from perfpredict.features.compute import on_cpu
-from perfpredict.learn.gb import GBRegressor
+from perfpredict.models.gb import GBRegressor
 
 c = pl.col
 FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")

@@ -1,4 +1,4 @@
-"""The generation model: the kernel composition (learn.generate_compose) with engine overheads and a bounded
+"""The generation model: the kernel composition (models.generate_compose) with engine overheads and a bounded
 correction, fitted only on measured vLLM rows (train.generate) and used by predictor.generate.
 
 wall = a_dec x decode kernels + a_pre x prefill kernels + c_layer x steps x layers (compute, stretched on CPUs when
@@ -19,8 +19,8 @@ import numpy as np
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.learn.bundle import default_path
-from perfpredict.learn.generate_compose import GPU_STEP_OVERHEAD_S
+from perfpredict.models.bundle import default_path
+from perfpredict.models.generate_compose import GPU_STEP_OVERHEAD_S
 
 MODEL_DIR = default_path() / "generate"
 # CPU core sharing (2 cores, vLLM's front-end and scheduler processes float over them). A replica's compute (kernels,
@@ -81,7 +81,7 @@ class GenerationModel:
     def fit(self, comp: pl.DataFrame, wall_s: np.ndarray) -> GenerationModel:
         from scipy.optimize import nnls
 
-        from perfpredict.learn.gb import GBRegressor
+        from perfpredict.models.gb import GBRegressor
 
         cpu = comp["is_cpu"].to_numpy().astype(bool)
         if not cpu.all():
@@ -135,7 +135,7 @@ class GenerationModel:
 
     @classmethod
     def load(cls, path: Path | str = MODEL_DIR) -> GenerationModel:
-        from perfpredict.learn.gb import GBRegressor
+        from perfpredict.models.gb import GBRegressor
 
         path = Path(path)
         try:

@@ -1,13 +1,16 @@
-"""A trained predictor: kernel models (with the fitted launch floor), plan-level time and memory corrections with
-their applicability domains, per-domain conformal intervals and the OOM margin.
+"""A trained predictor: kernel models, the launch floor and TRL calibration fitted over their composition
+(models.calibration), plan-level time and memory corrections with their applicability domains, per-domain
+conformal intervals and the OOM margin.
 
 Saved as xgboost JSON files, the corrections' training matrices as .npy (no pickle), and metadata.json (feature
-lists, options, domains, bounds, schema version, data hash, library versions). Loading checks the metadata and
-refuses a mismatch."""
+lists, the fitted launch floor and TRL calibration, options, domains, bounds, schema version, data hash, library
+versions). Loading checks the metadata and refuses a mismatch."""
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -18,9 +21,10 @@ import numpy as np
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.learn.gb import GBRegressor, xgb
-from perfpredict.learn.kernels import KernelModel, kernel_features
-from perfpredict.learn.plan_model import (
+from perfpredict.models.compose import TRL_CALIBRATION, compose
+from perfpredict.models.gb import GBRegressor, xgb
+from perfpredict.models.kernels import KernelModel, kernel_features
+from perfpredict.models.plan_model import (
     Correction,
     Intervals,
     correction_from_meta,
@@ -42,15 +46,64 @@ def versions() -> dict[str, str]:
             "numpy": numpy.__version__, "scikit-learn": version("scikit-learn")}
 
 
-@dataclass
+# A launch floor's keys: device class, "_hidden" for the share of device time dispatch hides behind, and on GPUs
+# ":<runtime>" where one was fitted per trainer runtime (compose.launch_floor_s).
+_FLOOR_CLASSES = ("cpu", "gpu")
+
+
+def check_launch_floor(floors: Any, where: str) -> dict[str, float]:
+    """A fitted launch floor (calibration.LaunchFloor.floors_) as compose reads it, or one clear error."""
+    if not isinstance(floors, Mapping) or not floors:
+        raise PerfPredictError(f"{where}: launch_floor_s is {floors!r}; expected a mapping of 'cpu'/'gpu'[_hidden]"
+                               "[:runtime] to seconds per kernel; retrain with `perfpredict train`")
+    for key, v in floors.items():
+        cls = str(key).split(":", 1)[0].removesuffix("_hidden")
+        hidden = str(key).split(":", 1)[0].endswith("_hidden")
+        ok_value = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0.0
+        if cls not in _FLOOR_CLASSES or not ok_value or (hidden and v > 1.0):
+            raise PerfPredictError(f"{where}: launch_floor_s[{key!r}] = {v!r}; expected keys 'cpu'/'gpu'[_hidden]"
+                                   "[:runtime] with seconds >= 0 (a _hidden share in [0, 1]); retrain with "
+                                   "`perfpredict train`")
+    return dict(floors)
+
+
+def check_trl_calibration(cal: Any, where: str) -> dict[str, float] | None:
+    """A fitted TRL calibration (calibration.TrlCalibration.calibration_), None where a bundle predates TRL rows, or
+    one clear error."""
+    if cal is None:
+        return None
+    if not isinstance(cal, Mapping):
+        raise PerfPredictError(f"{where}: trl_calibration is {cal!r}; expected a mapping of "
+                               f"{', '.join(TRL_CALIBRATION)} to numbers; retrain with `perfpredict train`")
+    for key, v in cal.items():
+        if key not in TRL_CALIBRATION or not isinstance(v, int | float) or isinstance(v, bool) \
+                or not math.isfinite(v) or v < 0.0:
+            raise PerfPredictError(f"{where}: trl_calibration[{key!r}] = {v!r}; expected keys among "
+                                   f"{', '.join(TRL_CALIBRATION)} with finite values >= 0; retrain with "
+                                   "`perfpredict train`")
+    return dict(cal)
+
+
+@dataclass(frozen=True)
 class Bundle:
+    """`launch_floor_s` and `trl_calibration` are the fitted values of calibration.LaunchFloor and
+    calibration.TrlCalibration (None: TRL_CALIBRATION's defaults); compose() reads them from here, never from
+    attributes of the kernel models."""
+
     kernels: KernelModel
+    launch_floor_s: dict[str, float]
+    trl_calibration: dict[str, float] | None
     time: Correction
     memory: Correction
     time_intervals: Intervals
     memory_intervals: Intervals
     oom_margin: float
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def compose(self, desc: pl.DataFrame, *, canonical: bool = True) -> pl.DataFrame:
+        """compose.compose with this bundle's kernels, launch floor and TRL calibration."""
+        return compose(desc, self.kernels, launch_floor=self.launch_floor_s, trl_calibration=self.trl_calibration,
+                       canonical=canonical)
 
     def apply(self, df: pl.DataFrame) -> dict[str, np.ndarray]:
         """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, fits."""
@@ -91,8 +144,8 @@ class Bundle:
             "files": files,
             "features": {"kernel": self.kernels.feature_names_},
             "kernel_families": self.kernels.families_,
-            "launch_floor_s": self.kernels.launch_floor_s_,
-            "trl_calibration": getattr(self.kernels, "trl_calibration_", None),
+            "launch_floor_s": self.launch_floor_s,
+            "trl_calibration": self.trl_calibration,
             "corrections": {"time": correction_meta(self.time), "memory": correction_meta(self.memory)},
             "intervals_log10": {"time": self.time_intervals.to_dict(), "memory": self.memory_intervals.to_dict()},
             "oom_margin": self.oom_margin,
@@ -122,14 +175,16 @@ class Bundle:
                            for key, name in meta["files"].items() if key.startswith("kernel_")}
         kernels.feature_names_ = meta["features"]["kernel"]
         kernels.families_ = meta.get("kernel_families", {})
-        kernels.launch_floor_s_ = meta["launch_floor_s"]
-        kernels.trl_calibration_ = meta.get("trl_calibration")  # absent in bundles trained before TRL rows
         regs = {kind: correction_from_meta(meta["corrections"][kind],
                                            GBRegressor.load_model(path / meta["files"][f"plan_{kind}"]),
                                            np.load(path / meta["files"][f"plan_{kind}_domain"], allow_pickle=False))
                 for kind in ("time", "memory")}
         iv = meta["intervals_log10"]
-        return cls(kernels=kernels, time=regs["time"], memory=regs["memory"],
+        where = f"predictor at {str(path)!r}"
+        return cls(kernels=kernels, launch_floor_s=check_launch_floor(meta.get("launch_floor_s"), where),
+                   # absent in bundles trained before TRL rows
+                   trl_calibration=check_trl_calibration(meta.get("trl_calibration"), where),
+                   time=regs["time"], memory=regs["memory"],
                    time_intervals=Intervals.from_dict(iv["time"]), memory_intervals=Intervals.from_dict(iv["memory"]),
                    oom_margin=float(meta["oom_margin"]), metadata=meta)
 
@@ -152,6 +207,11 @@ def default_path() -> Path:
 
 
 @cache
+def default_bundle() -> Bundle:
+    """The shipped predictor (loaded once)."""
+    return Bundle.load(default_path())
+
+
 def default_kernels() -> KernelModel:
-    """The shipped predictor's kernel models (loaded once)."""
-    return Bundle.load(default_path()).kernels
+    """The shipped predictor's kernel models."""
+    return default_bundle().kernels
