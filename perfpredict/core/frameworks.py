@@ -89,6 +89,11 @@ class Capability:
     backends: tuple[str, ...] = ()
     runtime: str = ""  # the distributed runtime whose memory/communication rules apply ("" = its own name)
     explicit_only: bool = False  # ranked only when asked for (--framework), not in the default plan space
+    # Frameworks of one family share learned corrections' domains and intervals ("" = its own name): the 3-D
+    # parallel trainers, the ZeRO trainers, TRL's trainers.
+    family: str = ""
+    launcher: str = "accelerate"  # how emitted scripts start it: "torchrun" (Megatron) or "accelerate launch"
+    emit_writes: str = ""  # what its own `--emit` target writes (messages)
     notes: tuple[str, ...] = field(default=())
 
     def zero_choices(self, *, tp: int, pp: int, dp: int, offload: bool) -> tuple[int, ...]:
@@ -113,22 +118,22 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
         "megatron", "Megatron-LM", tp=True, sequence_parallel=True, pp=True, schedules=("1f1b", "interleaved"),
         stage_split=FIRST_LAST, cp=True, ep=True, zero_stages=(0, 1, 2, 3), zero_with_pp=(0, 1),
         zero_single_replica=(0, 1), optimizer_offload_zero=(1, 2, 3), recompute=("none", "selective", "full"),
-        emit_target="megatron",
+        emit_target="megatron", family="3d", launcher="torchrun", emit_writes="Megatron-LM arguments",
         notes=("zero 1 = distributed optimizer; zero 2/3 through Megatron-FSDP (not with pp)",
                "optimizer CPU offload needs the distributed optimizer (zero >= 1), any dp including 1")),
     Capability(
         "nanotron", "nanotron", tp=True, sequence_parallel=True, pp=True, schedules=("1f1b", "gpipe"),
         stage_split=BALANCED, cp=False, ep=True, zero_stages=(0, 1), zero_with_pp=(0, 1),
-        recompute=("none", "selective", "full"), emit_target=None,
+        recompute=("none", "selective", "full"), emit_target=None, family="3d",
         notes=("reads its own YAML config: no --emit target",)),
     Capability(
         "deepspeed", "DeepSpeed (as TRL/accelerate drive it)", **_HF, zero_stages=(0, 1, 2, 3),
         zero_single_replica=(0, 1, 2, 3), optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,),
-        emit_target="deepspeed",
+        emit_target="deepspeed", family="zero", emit_writes="DeepSpeed ZeRO configs",
         notes=("ZeRO-Offload on a single GPU: ZeRO runs at world size 1",)),
     Capability(
         "fsdp", "FSDP (as TRL/accelerate drive it)", **_HF, zero_stages=(2, 3), zero_single_replica=(2, 3),
-        optimizer_offload_zero=(3,), emit_target="fsdp",
+        optimizer_offload_zero=(3,), emit_target="fsdp", family="zero", emit_writes="an accelerate FSDP config",
         notes=("zero 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; at dp 1 only with offload (fsdp_offload_params), which moves "
                "parameters, gradients and the optimizer step to the host",)),
     Capability(
@@ -139,16 +144,17 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
         records_as="fsdp", notes=("zero 1 runs (and is recorded) as zero 2: FSDP has no ZeRO-1",)),
     Capability(
         "trl", "TRL on accelerate (one process or DDP)", **_HF, zero_stages=(0,), zero_single_replica=(0,),
-        emit_target="trl", runtime="ddp", explicit_only=True, backends=("trl+deepspeed", "trl+fsdp"),
+        emit_target="trl", runtime="ddp", explicit_only=True, backends=("trl+deepspeed", "trl+fsdp"), family="trl",
+        emit_writes="a TRL trainer config and its accelerate (DDP, DeepSpeed or FSDP) files",
         notes=("accelerate's MULTI_GPU launch: DistributedDataParallel over dp, no ZeRO; `--framework trl` also ranks "
                "its DeepSpeed and FSDP backends",)),
     Capability(
         "trl+deepspeed", "TRL on DeepSpeed", **_HF, zero_stages=(0, 1, 2, 3), zero_single_replica=(0, 1, 2, 3),
         optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,), emit_target="deepspeed", runtime="deepspeed",
-        explicit_only=True),
+        explicit_only=True, family="trl"),
     Capability(
         "trl+fsdp", "TRL on FSDP", **_HF, zero_stages=(2, 3), zero_single_replica=(2, 3), optimizer_offload_zero=(3,),
-        emit_target="fsdp", runtime="fsdp", explicit_only=True),
+        emit_target="fsdp", runtime="fsdp", explicit_only=True, family="trl"),
 ]}
 RANKABLE = tuple(n for n, c in CAPABILITIES.items() if c.rankable)
 # What `rank` searches when no --framework is given: TRL plans run the same runtimes as deepspeed/fsdp, so they are
@@ -156,7 +162,74 @@ RANKABLE = tuple(n for n, c in CAPABILITIES.items() if c.rankable)
 DEFAULT_RANKED = tuple(n for n in RANKABLE if not CAPABILITIES[n].explicit_only)
 # Framework -> the runtime whose memory and communication rules apply (features read this, not the names).
 RUNTIME = {n: (c.runtime or n) for n, c in CAPABILITIES.items()}
-TRL_FRAMEWORKS = tuple(n for n in CAPABILITIES if n == "trl" or n.startswith("trl+"))
+@dataclass(frozen=True)
+class Runtime:
+    """How a distributed runtime behaves while it trains: the rules the descriptors (features.compute, .memory,
+    .trl), the composition (learn.compose) and emit read instead of testing runtime names. A framework's runtime is
+    its Capability.runtime (trl+deepspeed runs DeepSpeed's); rows carry it as d_runtime.
+
+    Bytes and dtypes: Megatron/nanotron keep fp32 main gradients and reduce them in fp32 and hold an fp32 master
+    copy; DeepSpeed holds bf16 gradients and an fp32 master; FSDP2's fp32 sharded parameters double as the master
+    (fp32 gradients, no separate copy); plain torch DDP (TRL on accelerate) optimises the parameters as loaded (fp32
+    under autocast with master weights, else the 16-bit dtype throughout)."""
+
+    name: str
+    grad_reduce_fp32: bool = False  # gradients reduced in fp32 whatever the compute dtype
+    params_as_loaded: bool = False  # torch optimizer on the parameters as loaded: no master copy, dtype as loaded
+    weights_fp32: bool = False  # parameters held in fp32 (FSDP2 mixed precision: the sharded fp32 copy)
+    grads_fp32: bool = False  # gradients held in fp32
+    separate_master: bool = True  # an fp32 master copy beside 16-bit weights (mixed precision)
+    # DeepSpeed's ZeRO optimizers clone their partition into an fp32 master even for an fp32 model, from this stage
+    master_clone_from_zero: int | None = None
+    # Gradients reduced every micro-batch (not once per step) from this ZeRO stage on
+    reduce_every_microbatch_from_zero: int | None = None
+    overlaps_grad_reduce: bool = True  # gradient reduction overlaps the backward by default
+    fused_vocab_ce: bool = False  # vocab-parallel fused cross entropy (fp32 softmax only), not HF's logits path
+    zero2_keeps_unsharded: bool = False  # ZeRO-2 keeps the whole unsharded model from forward to backward (FSDP)
+    ddp_buckets_at_zero0: bool = False  # torch DDP's gradient buckets at zero 0 over dp > 1 without tp/pp
+    # A live reference is sharded like the policy from this ZeRO stage on (0: always; None: a full replica)
+    reference_sharded_from_zero: int | None = None
+    # ZeRO-3 keeps parameters gathered within stage3_max_reuse_distance, and over one rank gathers nothing
+    zero3_reuse_distance: bool = False
+    frees_grads_each_step: bool = False  # the HF Trainer's zero_grad(set_to_none) frees gradients between steps
+    own_grad_buffers: bool = False  # the engine keeps its own gradient buckets/partitions (DeepSpeed ZeRO 0-2)
+    engine_step_host_work: bool = False  # an engine with per-step host work and per-module ZeRO-3 hooks (DeepSpeed)
+    accelerate_activation_checkpointing: bool = False  # recompute is accelerate's plugin option, not transformers'
+    accelerate_config_file: str = "accelerate_config.yaml"
+
+    def __post_init__(self) -> None:
+        for f in ("master_clone_from_zero", "reduce_every_microbatch_from_zero", "reference_sharded_from_zero"):
+            v = getattr(self, f)
+            if v is not None and v not in (0, 1, 2, 3):
+                raise PerfPredictError(f"runtime {self.name}: {f} must be a ZeRO stage 0-3 or None, got {v!r}")
+
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
+    Runtime("megatron", grad_reduce_fp32=True, grads_fp32=True, overlaps_grad_reduce=False, fused_vocab_ce=True),
+    Runtime("nanotron", grad_reduce_fp32=True, grads_fp32=True, fused_vocab_ce=True),
+    Runtime("deepspeed", master_clone_from_zero=1, reduce_every_microbatch_from_zero=2, reference_sharded_from_zero=3,
+            zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True),
+    Runtime("fsdp", weights_fp32=True, grads_fp32=True, separate_master=False, reduce_every_microbatch_from_zero=2,
+            zero2_keeps_unsharded=True, ddp_buckets_at_zero0=True, reference_sharded_from_zero=0,
+            frees_grads_each_step=True, accelerate_activation_checkpointing=True,
+            accelerate_config_file="accelerate_fsdp.yaml"),
+    Runtime("ddp", params_as_loaded=True, separate_master=False, ddp_buckets_at_zero0=True, frees_grads_each_step=True),
+]}
+
+
+def runtimes_where(rule) -> list[str]:
+    """Names of the runtimes for which rule(Runtime) is true, in table order (for d_runtime.is_in(...))."""
+    return [n for n, r in RUNTIMES.items() if rule(r)]
+
+
+def runtime_of(framework: str) -> Runtime:
+    """The Runtime row a framework's plans run under."""
+    return RUNTIMES[RUNTIME[capability(framework).name]]
+
+
+# Framework -> its family (learned corrections' domains and intervals).
+FAMILY = {n: (c.family or n) for n, c in CAPABILITIES.items()}
+TRL_FRAMEWORKS = tuple(n for n, c in CAPABILITIES.items() if c.family == "trl")
 
 
 # The ZeRO settings every DeepSpeed config we write carries (`rank --emit deepspeed`, `collect trl --backends

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from perfpredict.core.frameworks import RUNTIME
+from perfpredict.core.frameworks import CAPABILITIES, runtime_of
 from perfpredict.predictor.emit.common import RDZV_PORT, Ctx, comment_block, yaml_lines
 
 # The trainer configs below carry only fields that exist in TRL 1.16.0's DPOConfig, experimental CPOConfig /
@@ -43,7 +43,7 @@ def trainer(ctx: Ctx) -> dict[str, Any]:
 def _hf_gradient_checkpointing(ctx: Ctx) -> bool:
     # Under FSDP, activation checkpointing is accelerate's fsdp_activation_checkpointing; transformers raises if
     # TrainingArguments.gradient_checkpointing is also true.
-    return ctx.plan.recompute != "none" and RUNTIME[ctx.plan.framework] != "fsdp"
+    return ctx.plan.recompute != "none" and not runtime_of(ctx.plan.framework).accelerate_activation_checkpointing
 
 
 def _trainer_args(ctx: Ctx) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def trainer_notes(ctx: Ctx) -> list[str]:
     if w.objective == "kto":
         notes.append("KTO (trl.KTOTrainer) takes unpaired examples: per_device_train_batch_size counts completions; "
                      "each step also runs a mismatched KL batch of the same size through the policy and reference.")
-    if RUNTIME[ctx.plan.framework] == "fsdp" and ctx.plan.recompute == "full":
+    if runtime_of(ctx.plan.framework).accelerate_activation_checkpointing and ctx.plan.recompute == "full":
         notes.append("recompute full is fsdp_activation_checkpointing in the accelerate config; gradient_checkpointing "
                      "stays false (transformers refuses both at once).")
     return notes
@@ -179,10 +179,10 @@ def trl_files(ctx: Ctx) -> dict[str, str]:
     from perfpredict.predictor.emit.deepspeed import deepspeed_files
     from perfpredict.predictor.emit.fsdp import fsdp_files
 
-    runtime = RUNTIME[ctx.plan.framework]
-    if runtime == "deepspeed":
+    target = CAPABILITIES[ctx.plan.framework].emit_target
+    if target == "deepspeed":
         return deepspeed_files(ctx)
-    if runtime == "fsdp":
+    if target == "fsdp":
         return fsdp_files(ctx)
     p, w = ctx.plan, ctx.workload
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[w.precision]
