@@ -50,6 +50,8 @@ import polars as pl
 
 from perfpredict.core.errors import require
 from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE, TRL_FRAMEWORKS
+from perfpredict.core.objectives import OBJECTIVE_TABLE
+from perfpredict.core.objectives import TRL_OBJECTIVES as CORE_TRL_OBJECTIVES
 from perfpredict.features.compute import on_cpu, runtime_from_zero, runtime_is
 
 c = pl.col
@@ -109,14 +111,21 @@ class Trainer:
         require(self.head in ("fused", "full"), f"trainer head must be fused or full, got {self.head!r}")
 
 
+def _trainer(objective: str, head: str, **kw) -> Trainer:
+    """The trainer of core.objectives' row for `objective` (its TRL trainer class), with how it runs."""
+    return Trainer(OBJECTIVE_TABLE[objective].trl_trainer, head, **kw)
+
+
 TRAINERS: dict[str, Trainer] = {
-    "dpo": Trainer("DPOTrainer", "fused", grad_seqs=2, ref_seqs=2),
-    "ipo": Trainer("DPOTrainer", "fused", grad_seqs=2, ref_seqs=2),
-    "kto": Trainer("KTOTrainer", "fused", grad_seqs=1, nograd_policy_seqs=1, ref_seqs=2),
-    "simpo": Trainer("CPOTrainer", "full", grad_seqs=2),
-    "orpo": Trainer("ORPOTrainer", "full", grad_seqs=2, nll_share=0.5),
+    "dpo": _trainer("dpo", "fused", grad_seqs=2, ref_seqs=2),
+    "ipo": _trainer("ipo", "fused", grad_seqs=2, ref_seqs=2),
+    "kto": _trainer("kto", "fused", grad_seqs=1, nograd_policy_seqs=1, ref_seqs=2),
+    "simpo": _trainer("simpo", "full", grad_seqs=2),
+    "orpo": _trainer("orpo", "full", grad_seqs=2, nll_share=0.5),
 }
 TRL_OBJECTIVES = tuple(TRAINERS)
+require(set(TRL_OBJECTIVES) == set(CORE_TRL_OBJECTIVES),
+        f"features.trl models trainers of {sorted(TRL_OBJECTIVES)}, core.objectives names {sorted(CORE_TRL_OBJECTIVES)}")
 
 
 def _rule(field: str, default: float) -> pl.Expr:

@@ -49,7 +49,7 @@ def _fit_torchrun(plan: Plan, workload: Workload, model: ModelSpec) -> str | Non
     reason = _FIT[own](plan, model)
     if reason or CAPABILITIES[plan.framework].launcher != "torchrun" or not workload.is_preference:
         return reason
-    if workload.objective not in ("dpo", "ipo"):
+    if workload.spec.nemo_aligner_loss is None:
         return (f"NeMo-Aligner (the Megatron preference trainer launched here) has no {workload.objective} loss; "
                 "its preference_loss accepts dpo, ipo and rpo variants")
     if plan.zero >= 2 or plan.optimizer_offload:
