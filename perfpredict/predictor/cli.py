@@ -57,11 +57,11 @@ def _explain(df: pl.DataFrame, unit: str) -> str:
     gain, why = diffs[0]
     if gain > 0:
         lines.append(f"The main gain is {why} ({gain:.3f} s less per step).")
-    lines.append(f"Memory: states {a['m_states_gib']:.1f} vs {b['m_states_gib']:.1f}, activations "
-                 f"{a['m_activations_gib']:.1f} vs {b['m_activations_gib']:.1f}, logits {a['m_logits_gib']:.1f} vs "
-                 f"{b['m_logits_gib']:.1f}, reference {a['m_reference_gib']:.1f} vs {b['m_reference_gib']:.1f}, "
-                 f"gathered parameters {a['m_other_gib']:.1f} vs {b['m_other_gib']:.1f} GiB (the peak rank's parts; "
-                 "they add up to its peak).")
+    lines.append(f"Memory: states {a['mem_states_gib']:.1f} vs {b['mem_states_gib']:.1f}, activations "
+                 f"{a['mem_activations_gib']:.1f} vs {b['mem_activations_gib']:.1f}, logits "
+                 f"{a['mem_logits_gib']:.1f} vs {b['mem_logits_gib']:.1f}, reference {a['mem_reference_gib']:.1f} vs "
+                 f"{b['mem_reference_gib']:.1f}, gathered parameters {a['mem_other_gib']:.1f} vs "
+                 f"{b['mem_other_gib']:.1f} GiB (the peak rank's parts; they add up to its peak).")
     return "\n".join(lines)
 
 
