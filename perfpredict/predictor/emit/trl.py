@@ -159,11 +159,10 @@ def trl_files(ctx: Ctx) -> dict[str, str]:
     from perfpredict.predictor.emit.deepspeed import deepspeed_files
     from perfpredict.predictor.emit.fsdp import fsdp_files
 
-    target = CAPABILITIES[ctx.plan.framework].emit_target
-    if target == "deepspeed":
-        return deepspeed_files(ctx)
-    if target == "fsdp":
-        return fsdp_files(ctx)
+    # trl+deepspeed / trl+fsdp: the files of their own emit target (the capability table's emit_target).
+    backend = {"deepspeed": deepspeed_files, "fsdp": fsdp_files}.get(CAPABILITIES[ctx.plan.framework].emit_target)
+    if backend:
+        return backend(ctx)
     p, w = ctx.plan, ctx.workload
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[w.precision]
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False,
