@@ -198,7 +198,8 @@ def rank(*, model: ModelSpec | str, cluster: Cluster, workload: Workload, top: i
          frameworks: list[str] | None = None, predictor: Path | str | None = None) -> pl.DataFrame:
     """Every legal plan that is predicted to fit, best predicted throughput first (top N if given), as a polars
     DataFrame: plan, p_* knobs, samples_per_s (pairs/s for preference objectives), tokens_per_s, step_time_s and
-    its interval, time_to_finish_h, peak_memory_gib and its interval, mfu, dominant, and the breakdown."""
+    its interval, time_to_finish_h, peak_memory_gib and its interval, mfu, dominant, and the breakdown
+    (b_* seconds, mem_* GiB: core.schema.RANK_COLUMNS)."""
     from perfpredict.predictor.rank import rank_plans
 
     m = _model(model)

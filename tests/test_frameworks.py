@@ -183,8 +183,8 @@ def test_ties_prefer_less_memory_and_breakdown_adds_up():
     assert any(a[0] == b[0] for a, b in zip(rows, rows[1:], strict=False))  # ties exist (SP on/off moves no time here)
     for a, b in zip(rows, rows[1:], strict=False):
         assert a[0] > b[0] or (a[0] == b[0] and (a[1], a[2]) <= (b[1], b[2]))
-    parts = df["m_states_gib"] + df["m_activations_gib"] + df["m_logits_gib"] + df["m_reference_gib"] + \
-        df["m_other_gib"]
+    parts = df["mem_states_gib"] + df["mem_activations_gib"] + df["mem_logits_gib"] + df["mem_reference_gib"] + \
+        df["mem_other_gib"]
     assert ((parts - df["peak_memory_gib"]).abs() < 1e-6 * df["peak_memory_gib"]).all()
     again = perfpredict.rank(model="llama-3.1-8b", cluster=Cluster(H100, 8, 2), workload=Workload(global_batch=64))
     assert again["plan"].to_list() == df["plan"].to_list()

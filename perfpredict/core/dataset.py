@@ -1,6 +1,6 @@
-"""Dataset schema shared by collect (writes), the public importers (write) and train (reads).
+"""Reading and writing the dataset tables shared by collect (writes), the public importers (write) and train (reads).
 
-Two tables, both parquet under datasets/:
+Their columns are core.schema's; tables are parquet under datasets/:
 - probes: one row per kernel or collective measurement.
 - runs: one row per end-to-end training-step measurement (or failed attempt), described by the flat
   scenario columns of perfpredict.core.scenario.flat_row plus labels and provenance.
@@ -17,7 +17,15 @@ from typing import Any
 
 import polars as pl
 
-SCHEMA_VERSION = 1
+# The tables' columns are declared in core.schema; these names stay importable from here for collect and train.
+from perfpredict.core.schema import (  # noqa: F401
+    ATTN_IMPLS,
+    LABEL_COLUMNS,
+    PROBE_COLUMNS,
+    PROVENANCE,
+    SCHEMA_VERSION,
+    probe_schema,
+)
 
 # The CPU timing gate of shared/notes/cpu-measurement.md, shared by collect (which retries a disturbed run) and
 # train (which keeps only undisturbed step times as labels): calibration workload slowed past 1.12x its baseline,
@@ -25,63 +33,6 @@ SCHEMA_VERSION = 1
 CALIB_RATIO_MAX = 1.12
 OTHER_LOAD_MAX_CORES = 0.3
 
-PROVENANCE = {
-    "source": pl.Utf8,            # "ours-cpu", "ours-gpu", "vtrain", "ultrascale_playbook", "vidur", "azure"
-    "hardware": pl.Utf8,          # GPU catalog name ("cpu" for our CPU runs)
-    "hardware_fingerprint": pl.Utf8,  # JSON: device name/count, memory, CPU model, cores, clocks ...
-    "software": pl.Utf8,          # JSON: torch, cuda/nccl/gloo, python, perfpredict versions (or upstream's)
-    "collected_at": pl.Utf8,      # ISO-8601 date/time of the measurement (upstream commit date for public data)
-    "command": pl.Utf8,           # the command that produced the row (or the importer and upstream path)
-    "license": pl.Utf8,           # upstream license for public data, "Apache-2.0" for ours
-    "schema_version": pl.Int64,
-}
-
-PROBE_COLUMNS = {
-    "op": pl.Utf8,        # gemm | attention | rmsnorm | swiglu | softmax | cross_entropy | add | adam |
-                          # all_reduce | all_gather | reduce_scatter | all_to_all | send_recv | broadcast
-    "pass_": pl.Utf8,     # fwd | bwd_input | bwd_weight | fwd_bwd | bwd | step | comm
-    "dtype": pl.Utf8,     # bf16 | fp16 | fp32 | fp8
-    "m": pl.Int64, "n": pl.Int64, "k": pl.Int64,                 # gemm: (m x k) @ (k x n)
-    "batch": pl.Int64, "heads": pl.Int64, "kv_heads": pl.Int64, "seq_len": pl.Int64, "head_dim": pl.Int64,
-    "numel": pl.Int64,    # memory-bound ops: elements of the main tensor
-    "bytes": pl.Int64,    # collectives: message bytes per rank (nccl-tests 'size'); memory ops: bytes moved
-    "world_size": pl.Int64,
-    "ranks_per_node": pl.Int64,
-    "flops": pl.Float64,  # useful FLOPs of the op (0 for collectives)
-    "time_s": pl.Float64,     # median
-    "time_spread": pl.Float64,  # coefficient of variation of the repeats (std/mean); null if unknown
-    "repeats": pl.Int64,
-    "outcome": pl.Utf8,   # ok | oom | timeout | error
-    "error": pl.Utf8,
-    # attention only (null on every other op):
-    "causal": pl.Boolean,  # a causal mask was applied, so a causal kernel computed about half of QK^T and PV; `flops`
-                           # counts what was computed (4*b*h*s^2*d, halved when causal; x3.5 for fwd_bwd)
-    "attn_impl": pl.Utf8,  # kernel that ran: flash2 | flash3 | cudnn | mem_efficient | math | sdpa-cpu; null unknown.
-                           # math = unfused matmul + softmax + matmul (scores materialised in memory); sdpa-cpu =
-                           # PyTorch's fused flash-style CPU kernel (_scaled_dot_product_flash_attention_for_cpu)
-}
-
-ATTN_IMPLS = ("flash2", "flash3", "cudnn", "mem_efficient", "math", "sdpa-cpu")
-
-LABEL_COLUMNS = {
-    "run_id": pl.Utf8,
-    "outcome": pl.Utf8,            # ok | oom | timeout | error
-    "error": pl.Utf8,
-    "step_time_s": pl.Float64,     # median over timed steps (null unless ok)
-    "step_time_cv": pl.Float64,    # coefficient of variation over timed steps
-    "steps_timed": pl.Int64,
-    "peak_memory_gib": pl.Float64,  # max over ranks of peak allocated tensor bytes
-    "peak_memory_min_gib": pl.Float64,  # min over ranks (pipeline stages differ)
-    "peak_reserved_gib": pl.Float64,   # allocator reserved (GPU) where measured
-    "memory_by_rank": pl.Utf8,     # JSON list of per-rank peaks (GiB)
-    "memory_kind": pl.Utf8,        # what peak_memory_gib is: cuda_max_allocated | live_tensor_peak | reported
-    "tokens_per_s": pl.Float64,
-    "samples_per_s": pl.Float64,   # pairs/s for preference objectives
-    "oversubscribed": pl.Boolean,  # more ranks than cores: measures an overloaded CPU, not devices
-    "calib_ratio": pl.Float64,     # calibration workload time after / baseline (CPU timing gate)
-    "other_load_cores": pl.Float64,  # CPU used by other processes during the run
-    "shrunk_from": pl.Utf8,        # catalog model the shape was shrunk from, if any
-}
 
 
 def empty_frame(columns: dict[str, Any]) -> pl.DataFrame:
@@ -98,10 +49,6 @@ def conform(df: pl.DataFrame, columns: dict[str, Any]) -> pl.DataFrame:
             exprs.append(pl.lit(None, dtype=dtype).alias(name))
     extra = [c for c in df.columns if c not in columns]
     return df.select(exprs + [pl.col(c) for c in extra])
-
-
-def probe_schema() -> dict[str, Any]:
-    return {**PROBE_COLUMNS, **PROVENANCE}
 
 
 def write_atomic(df: pl.DataFrame, path: Path | str) -> None:

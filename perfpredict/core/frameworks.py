@@ -89,6 +89,13 @@ class Capability:
     backends: tuple[str, ...] = ()
     runtime: str = ""  # the distributed runtime whose memory/communication rules apply ("" = its own name)
     explicit_only: bool = False  # ranked only when asked for (--framework), not in the default plan space
+    # Frameworks of one family share learned corrections' domains and intervals ("" = its own name): the 3-D
+    # parallel trainers, the ZeRO trainers, TRL's trainers.
+    family: str = ""
+    zero_refusal: str = ""  # the clause refusing a ZeRO stage it lacks, when it says more than the stages
+    offload_zero0_refusal: str = ""  # the clause refusing optimizer offload at zero 0, when it says more
+    launcher: str = "accelerate"  # how emitted scripts start it: "torchrun" (Megatron) or "accelerate launch"
+    emit_writes: str = ""  # what its own `--emit` target writes (messages)
     notes: tuple[str, ...] = field(default=())
 
     def zero_choices(self, *, tp: int, pp: int, dp: int, offload: bool) -> tuple[int, ...]:
@@ -106,6 +113,8 @@ class Capability:
         return tuple(sorted(allowed))
 
 
+_FSDP_ZERO = "FSDP shards gradients and optimizer state at least: zero must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD)"
+_DS_OFFLOAD = "DeepSpeed optimizer offload needs ZeRO stage 1 or more"
 _HF = dict(tp=False, pp=False, cp=False, ep=False, recompute=("none", "full"))
 
 CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
@@ -113,22 +122,24 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
         "megatron", "Megatron-LM", tp=True, sequence_parallel=True, pp=True, schedules=("1f1b", "interleaved"),
         stage_split=FIRST_LAST, cp=True, ep=True, zero_stages=(0, 1, 2, 3), zero_with_pp=(0, 1),
         zero_single_replica=(0, 1), optimizer_offload_zero=(1, 2, 3), recompute=("none", "selective", "full"),
-        emit_target="megatron",
+        emit_target="megatron", family="3d", launcher="torchrun", emit_writes="Megatron-LM arguments",
         notes=("zero 1 = distributed optimizer; zero 2/3 through Megatron-FSDP (not with pp)",
                "optimizer CPU offload needs the distributed optimizer (zero >= 1), any dp including 1")),
     Capability(
         "nanotron", "nanotron", tp=True, sequence_parallel=True, pp=True, schedules=("1f1b", "gpipe"),
         stage_split=BALANCED, cp=False, ep=True, zero_stages=(0, 1), zero_with_pp=(0, 1),
-        recompute=("none", "selective", "full"), emit_target=None,
+        recompute=("none", "selective", "full"), emit_target=None, family="3d",
         notes=("reads its own YAML config: no --emit target",)),
     Capability(
         "deepspeed", "DeepSpeed (as TRL/accelerate drive it)", **_HF, zero_stages=(0, 1, 2, 3),
         zero_single_replica=(0, 1, 2, 3), optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,),
-        emit_target="deepspeed",
+        emit_target="deepspeed", family="zero", emit_writes="DeepSpeed ZeRO configs",
+        offload_zero0_refusal=_DS_OFFLOAD,
         notes=("ZeRO-Offload on a single GPU: ZeRO runs at world size 1",)),
     Capability(
         "fsdp", "FSDP (as TRL/accelerate drive it)", **_HF, zero_stages=(2, 3), zero_single_replica=(2, 3),
-        optimizer_offload_zero=(3,), emit_target="fsdp",
+        optimizer_offload_zero=(3,), emit_target="fsdp", family="zero", emit_writes="an accelerate FSDP config",
+        zero_refusal=_FSDP_ZERO,
         notes=("zero 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; at dp 1 only with offload (fsdp_offload_params), which moves "
                "parameters, gradients and the optimizer step to the host",)),
     Capability(
@@ -139,16 +150,17 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
         records_as="fsdp", notes=("zero 1 runs (and is recorded) as zero 2: FSDP has no ZeRO-1",)),
     Capability(
         "trl", "TRL on accelerate (one process or DDP)", **_HF, zero_stages=(0,), zero_single_replica=(0,),
-        emit_target="trl", runtime="ddp", explicit_only=True, backends=("trl+deepspeed", "trl+fsdp"),
+        emit_target="trl", runtime="ddp", explicit_only=True, backends=("trl+deepspeed", "trl+fsdp"), family="trl",
+        emit_writes="a TRL trainer config and its accelerate (DDP, DeepSpeed or FSDP) files",
         notes=("accelerate's MULTI_GPU launch: DistributedDataParallel over dp, no ZeRO; `--framework trl` also ranks "
                "its DeepSpeed and FSDP backends",)),
     Capability(
         "trl+deepspeed", "TRL on DeepSpeed", **_HF, zero_stages=(0, 1, 2, 3), zero_single_replica=(0, 1, 2, 3),
         optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,), emit_target="deepspeed", runtime="deepspeed",
-        explicit_only=True),
+        explicit_only=True, family="trl", offload_zero0_refusal=_DS_OFFLOAD),
     Capability(
         "trl+fsdp", "TRL on FSDP", **_HF, zero_stages=(2, 3), zero_single_replica=(2, 3), optimizer_offload_zero=(3,),
-        emit_target="fsdp", runtime="fsdp", explicit_only=True),
+        emit_target="fsdp", runtime="fsdp", explicit_only=True, family="trl", zero_refusal=_FSDP_ZERO),
 ]}
 RANKABLE = tuple(n for n, c in CAPABILITIES.items() if c.rankable)
 # What `rank` searches when no --framework is given: TRL plans run the same runtimes as deepspeed/fsdp, so they are
@@ -156,7 +168,74 @@ RANKABLE = tuple(n for n, c in CAPABILITIES.items() if c.rankable)
 DEFAULT_RANKED = tuple(n for n in RANKABLE if not CAPABILITIES[n].explicit_only)
 # Framework -> the runtime whose memory and communication rules apply (features read this, not the names).
 RUNTIME = {n: (c.runtime or n) for n, c in CAPABILITIES.items()}
-TRL_FRAMEWORKS = tuple(n for n in CAPABILITIES if n == "trl" or n.startswith("trl+"))
+@dataclass(frozen=True)
+class Runtime:
+    """How a distributed runtime behaves while it trains: the rules the descriptors (features.compute, .memory,
+    .trl), the composition (learn.compose) and emit read instead of testing runtime names. A framework's runtime is
+    its Capability.runtime (trl+deepspeed runs DeepSpeed's); rows carry it as d_runtime.
+
+    Bytes and dtypes: Megatron/nanotron keep fp32 main gradients and reduce them in fp32 and hold an fp32 master
+    copy; DeepSpeed holds bf16 gradients and an fp32 master; FSDP2's fp32 sharded parameters double as the master
+    (fp32 gradients, no separate copy); plain torch DDP (TRL on accelerate) optimises the parameters as loaded (fp32
+    under autocast with master weights, else the 16-bit dtype throughout)."""
+
+    name: str
+    grad_reduce_fp32: bool = False  # gradients reduced in fp32 whatever the compute dtype
+    params_as_loaded: bool = False  # torch optimizer on the parameters as loaded: no master copy, dtype as loaded
+    weights_fp32: bool = False  # parameters held in fp32 (FSDP2 mixed precision: the sharded fp32 copy)
+    grads_fp32: bool = False  # gradients held in fp32
+    separate_master: bool = True  # an fp32 master copy beside 16-bit weights (mixed precision)
+    # DeepSpeed's ZeRO optimizers clone their partition into an fp32 master even for an fp32 model, from this stage
+    master_clone_from_zero: int | None = None
+    # Gradients reduced every micro-batch (not once per step) from this ZeRO stage on
+    reduce_every_microbatch_from_zero: int | None = None
+    overlaps_grad_reduce: bool = True  # gradient reduction overlaps the backward by default
+    fused_vocab_ce: bool = False  # vocab-parallel fused cross entropy (fp32 softmax only), not HF's logits path
+    zero2_keeps_unsharded: bool = False  # ZeRO-2 keeps the whole unsharded model from forward to backward (FSDP)
+    ddp_buckets_at_zero0: bool = False  # torch DDP's gradient buckets at zero 0 over dp > 1 without tp/pp
+    # A live reference is sharded like the policy from this ZeRO stage on (0: always; None: a full replica)
+    reference_sharded_from_zero: int | None = None
+    # ZeRO-3 keeps parameters gathered within stage3_max_reuse_distance, and over one rank gathers nothing
+    zero3_reuse_distance: bool = False
+    frees_grads_each_step: bool = False  # the HF Trainer's zero_grad(set_to_none) frees gradients between steps
+    own_grad_buffers: bool = False  # the engine keeps its own gradient buckets/partitions (DeepSpeed ZeRO 0-2)
+    engine_step_host_work: bool = False  # an engine with per-step host work and per-module ZeRO-3 hooks (DeepSpeed)
+    accelerate_activation_checkpointing: bool = False  # recompute is accelerate's plugin option, not transformers'
+    accelerate_config_file: str = "accelerate_config.yaml"
+
+    def __post_init__(self) -> None:
+        for f in ("master_clone_from_zero", "reduce_every_microbatch_from_zero", "reference_sharded_from_zero"):
+            v = getattr(self, f)
+            if v is not None and v not in (0, 1, 2, 3):
+                raise PerfPredictError(f"runtime {self.name}: {f} must be a ZeRO stage 0-3 or None, got {v!r}")
+
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
+    Runtime("megatron", grad_reduce_fp32=True, grads_fp32=True, overlaps_grad_reduce=False, fused_vocab_ce=True),
+    Runtime("nanotron", grad_reduce_fp32=True, grads_fp32=True, fused_vocab_ce=True),
+    Runtime("deepspeed", master_clone_from_zero=1, reduce_every_microbatch_from_zero=2, reference_sharded_from_zero=3,
+            zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True),
+    Runtime("fsdp", weights_fp32=True, grads_fp32=True, separate_master=False, reduce_every_microbatch_from_zero=2,
+            zero2_keeps_unsharded=True, ddp_buckets_at_zero0=True, reference_sharded_from_zero=0,
+            frees_grads_each_step=True, accelerate_activation_checkpointing=True,
+            accelerate_config_file="accelerate_fsdp.yaml"),
+    Runtime("ddp", params_as_loaded=True, separate_master=False, ddp_buckets_at_zero0=True, frees_grads_each_step=True),
+]}
+
+
+def runtimes_where(rule) -> list[str]:
+    """Names of the runtimes for which rule(Runtime) is true, in table order (for d_runtime.is_in(...))."""
+    return [n for n, r in RUNTIMES.items() if rule(r)]
+
+
+def runtime_of(framework: str) -> Runtime:
+    """The Runtime row a framework's plans run under."""
+    return RUNTIMES[RUNTIME[capability(framework).name]]
+
+
+# Framework -> its family (learned corrections' domains and intervals).
+FAMILY = {n: (c.family or n) for n, c in CAPABILITIES.items()}
+TRL_FRAMEWORKS = tuple(n for n, c in CAPABILITIES.items() if c.family == "trl")
 
 
 # The ZeRO settings every DeepSpeed config we write carries (`rank --emit deepspeed`, `collect trl --backends
@@ -249,90 +328,130 @@ def _stage_problem(cap: Capability, plan: Plan, layers: int) -> str | None:
     return None
 
 
-def why_not(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None) -> str | None:
-    """None when the framework (default: the plan's) can run the plan, else one clause saying why not.
+@dataclass(frozen=True)
+class Refusal:
+    """Why a framework cannot run a plan: the clause messages show (why_not) and the short form the plan generator
+    counts its rejections by (one tally line per rule, without the plan's numbers)."""
 
-    Checks the table only; shape divisibility (tp | heads, cp | seq_len) stays with Scenario."""
+    reason: str
+    tally: str
+
+
+def refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None) -> Refusal | None:
+    """None when the framework (default: the plan's) can run the plan, else the Refusal of the first rule it breaks.
+
+    The one legality rule: why_not, check and the plan generator (features.plans) all read it. Checks the table
+    only; shape divisibility (tp | heads, cp | seq_len) stays with Scenario."""
     cap = capability(framework or plan.framework)
-    who = cap.display
+    who, name = cap.display, cap.name
+
+    def no(reason: str, tally: str) -> Refusal:
+        return Refusal(reason, tally)
+
     if plan.tp > 1 and not cap.tp:
-        return f"{who} has no tensor parallelism (tp={plan.tp})"
+        return no(f"{who} has no tensor parallelism (tp={plan.tp})", f"{name} has no tensor parallelism")
     if plan.pp > 1 and not cap.pp:
-        return f"{who} has no pipeline parallelism (pp={plan.pp})"
+        return no(f"{who} has no pipeline parallelism (pp={plan.pp})", f"{name} has no pipeline parallelism")
     if plan.cp > 1 and not cap.cp:
-        return f"{who} has no context parallelism (cp={plan.cp})"
+        return no(f"{who} has no context parallelism (cp={plan.cp})", f"{name} has no context parallelism")
     if plan.ep > 1 and not cap.ep:
-        return f"{who} has no expert parallelism (ep={plan.ep})"
+        return no(f"{who} has no expert parallelism (ep={plan.ep})", f"{name} has no expert parallelism")
     if plan.sequence_parallel and not cap.sequence_parallel:
-        return f"{who} has no sequence parallelism"
+        return no(f"{who} has no sequence parallelism", f"{name} has no sequence parallelism")
     if plan.pp > 1 and cap.pp_alone and (plan.tp > 1 or plan.dp > 1):
-        return f"{who} builds pipeline parallelism alone (tp = dp = 1)"
+        return no(f"{who} builds pipeline parallelism alone (tp = dp = 1)",
+                  f"{name} builds pipeline parallelism alone (tp = dp = 1)")
     if plan.recompute not in cap.recompute:
         if plan.recompute == "selective":
-            return ("selective recompute is Megatron/nanotron only; HF gradient checkpointing recomputes whole "
-                    "layers (use recompute full)")
-        return f"{who} has no {plan.recompute} recompute; accepted: {', '.join(cap.recompute)}"
+            return no("selective recompute is Megatron/nanotron only; HF gradient checkpointing recomputes whole "
+                      "layers (use recompute full)", "selective recompute is Megatron/nanotron only")
+        return no(f"{who} has no {plan.recompute} recompute; accepted: {', '.join(cap.recompute)}",
+                  f"{name} has no {plan.recompute} recompute")
     if plan.pp > 1 and plan.schedule not in cap.schedules:
+        tally = f"{name} has no {plan.schedule} schedule"
         if plan.schedule == "gpipe":
-            return f"{who} has no GPipe schedule (use {' or '.join(cap.schedules)})"
-        return f"{who} has no {plan.schedule} schedule; accepted: {', '.join(cap.schedules)}"
+            return no(f"{who} has no GPipe schedule (use {' or '.join(cap.schedules)})", tally)
+        return no(f"{who} has no {plan.schedule} schedule; accepted: {', '.join(cap.schedules)}", tally)
     if (plan.pp > 1 and plan.schedule == "interleaved" and cap.interleaved_needs_ga_multiple
             and plan.grad_accum % plan.pp):
-        return (f"{who}'s interleaved schedule needs the micro-batches per step (grad_accum {plan.grad_accum}) to be a "
-                f"multiple of pp ({plan.pp})")
+        return no(f"{who}'s interleaved schedule needs the micro-batches per step (grad_accum {plan.grad_accum}) to "
+                  f"be a multiple of pp ({plan.pp})", "interleaved: micro-batches not a multiple of pp")
     zeros = cap.zero_choices(tp=plan.tp, pp=plan.pp, dp=plan.dp, offload=False)
     if plan.zero not in zeros:
+        tally = f"{name} has no ZeRO stage for this layout" if not zeros else f"{name} runs no zero {plan.zero} here"
         where = ("one data-parallel replica" if plan.dp == 1 else "pipeline parallelism" if plan.pp > 1 and
                  plan.zero not in cap.zero_with_pp else "tp x dp" if plan.tp > 1 and plan.zero not in
                  cap.zero_with_tp_dp else "data parallelism")
-        if cap.name in ("fsdp", "trl+fsdp"):
-            return ("FSDP shards gradients and optimizer state at least: zero must be 2 (SHARD_GRAD_OP) or 3 "
-                    f"(FULL_SHARD), got {plan.zero}")
-        return f"{who} runs zero {', '.join(map(str, zeros)) or 'none'} with {where}, not zero {plan.zero}"
+        if cap.zero_refusal:
+            return no(f"{cap.zero_refusal}, got {plan.zero}", tally)
+        return no(f"{who} runs zero {', '.join(map(str, zeros)) or 'none'} with {where}, not zero {plan.zero}", tally)
     if plan.optimizer_offload and plan.zero not in cap.optimizer_offload_zero:
+        tally = f"{name} offloads no optimizer at zero {plan.zero}"
         if not cap.optimizer_offload_zero:
-            return f"{who} has no optimizer offload"
-        if cap.name in ("deepspeed", "trl+deepspeed") and plan.zero == 0:
-            return "DeepSpeed optimizer offload needs ZeRO stage 1 or more (plan has zero 0)"
-        return (f"{who} offloads the optimizer only with zero {', '.join(map(str, cap.optimizer_offload_zero))} "
-                f"(plan has zero {plan.zero})")
+            return no(f"{who} has no optimizer offload", tally)
+        if cap.offload_zero0_refusal and plan.zero == 0:
+            return no(f"{cap.offload_zero0_refusal} (plan has zero 0)", tally)
+        return no(f"{who} offloads the optimizer only with zero {', '.join(map(str, cap.optimizer_offload_zero))} "
+                  f"(plan has zero {plan.zero})", tally)
     if plan.param_offload:
         if plan.zero not in cap.param_offload_zero:
-            return (f"{who} has no parameter offload" if not cap.param_offload_zero else
-                    f"{who} offloads parameters only with zero {', '.join(map(str, cap.param_offload_zero))}")
+            return no(f"{who} has no parameter offload" if not cap.param_offload_zero else
+                      f"{who} offloads parameters only with zero {', '.join(map(str, cap.param_offload_zero))}",
+                      f"{name} offloads no parameters at zero {plan.zero}")
         if not plan.optimizer_offload:
-            return "parameter offload needs optimizer offload too (ZeRO-Infinity offloads both)"
+            return no("parameter offload needs optimizer offload too (ZeRO-Infinity offloads both)",
+                      "parameter offload without optimizer offload")
     if model is not None:
-        if plan.ep > 1:
-            if not model.is_moe:
-                return f"ep={plan.ep} needs a mixture-of-experts model ({model.name} is dense)"
-            if model.experts % plan.ep:
-                return f"ep ({plan.ep}) must divide the model's {model.experts} experts"
-            if plan.dp % plan.ep:
-                return f"ep ({plan.ep}) must divide dp ({plan.dp}): expert groups are carved out of data parallelism"
-        if model.is_moe and plan.sequence_parallel and not cap.moe_sequence_parallel:
-            return f"{who} does not build MoE with sequence parallel"
-        if plan.pp > model.layers:
-            return f"pp ({plan.pp}) exceeds the model's {model.layers} layers"
-        if plan.pp > 1:
-            problem = _stage_problem(cap, plan, model.layers)
-            if problem == "uneven":
-                if cap.stage_split == EVEN:
-                    return f"pp ({plan.pp}) does not divide the model's {model.layers} layers and {who} splits evenly"
-                split = stage_layers(cap, model.layers, plan.pp)
-                if split is None:
-                    return f"{who} cannot split {model.layers} layers over {plan.pp} stages"
-                if cap.stage_split == FIRST_LAST:
-                    return (f"pp ({plan.pp}) does not divide {model.layers} layers: {who} needs the split given "
-                            f"(--decoder-first/last-pipeline-num-layers), e.g. stage_layers {list(split)}")
-            elif problem:
-                return problem
-            if plan.schedule == "interleaved" and plan.virtual_stages > 1:
-                split = plan.stage_layers or (model.layers // plan.pp,) * plan.pp
-                if any(n % plan.virtual_stages for n in split):
-                    return (f"interleaved schedule needs every stage's layers divisible by the virtual stages "
-                            f"({plan.virtual_stages}); stages hold {sorted(set(split))}")
+        return _model_refusal(cap, plan, model)
     return None
+
+
+def _model_refusal(cap: Capability, plan: Plan, model: ModelSpec) -> Refusal | None:
+    """The rules that need the model's shape: experts, layers over pipeline stages."""
+    who, name = cap.display, cap.name
+    if plan.ep > 1:
+        if not model.is_moe:
+            return Refusal(f"ep={plan.ep} needs a mixture-of-experts model ({model.name} is dense)",
+                           "ep on a dense model")
+        if model.experts % plan.ep:
+            return Refusal(f"ep ({plan.ep}) must divide the model's {model.experts} experts",
+                           "ep does not divide the experts")
+        if plan.dp % plan.ep:
+            return Refusal(f"ep ({plan.ep}) must divide dp ({plan.dp}): expert groups are carved out of data "
+                           "parallelism", "ep does not divide dp")
+    if model.is_moe and plan.sequence_parallel and not cap.moe_sequence_parallel:
+        return Refusal(f"{who} does not build MoE with sequence parallel", f"{name}: no MoE with sequence parallel")
+    if plan.pp > model.layers:
+        return Refusal(f"pp ({plan.pp}) exceeds the model's {model.layers} layers", "pp exceeds the layer count")
+    if plan.pp > 1:
+        problem = _stage_problem(cap, plan, model.layers)
+        if problem == "uneven":
+            if cap.stage_split == EVEN:
+                return Refusal(f"pp ({plan.pp}) does not divide the model's {model.layers} layers and {who} splits "
+                               "evenly", f"{name}: pp does not divide layers (it splits evenly)")
+            split = stage_layers(cap, model.layers, plan.pp)
+            if split is None:
+                return Refusal(f"{who} cannot split {model.layers} layers over {plan.pp} stages",
+                               f"{name}: cannot split the layers over pp stages")
+            if cap.stage_split == FIRST_LAST:
+                return Refusal(f"pp ({plan.pp}) does not divide {model.layers} layers: {who} needs the split given "
+                               f"(--decoder-first/last-pipeline-num-layers), e.g. stage_layers {list(split)}",
+                               f"{name}: an uneven split must be given (stage_layers)")
+        elif problem:
+            return Refusal(problem, f"{name}: stage_layers it cannot run")
+        if plan.schedule == "interleaved" and plan.virtual_stages > 1:
+            split = plan.stage_layers or (model.layers // plan.pp,) * plan.pp
+            if any(n % plan.virtual_stages for n in split):
+                return Refusal(f"interleaved schedule needs every stage's layers divisible by the virtual stages "
+                               f"({plan.virtual_stages}); stages hold {sorted(set(split))}",
+                               "interleaved: a stage's layers not divisible by the virtual stages")
+    return None
+
+
+def why_not(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None) -> str | None:
+    """None when the framework (default: the plan's) can run the plan, else one clause saying why not."""
+    r = refusal(plan, model, framework=framework)
+    return r.reason if r else None
 
 
 def check(plan: Plan, model: ModelSpec | None = None) -> None:

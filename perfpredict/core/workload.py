@@ -6,24 +6,17 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from perfpredict.core.errors import PerfPredictError, check_bool, check_choice, check_int, check_number, require
+from perfpredict.core.objectives import OBJECTIVE_TABLE, OBJECTIVES, PREFERENCE, Objective, sequences_per_sample
 
-OBJECTIVES = ("pretrain", "sft", "dpo", "ipo", "simpo", "orpo", "kto")
-# DPO, IPO and KTO compare the policy with a frozen reference; SimPO and ORPO are reference-free by design. KTO
-# (TRL's KTOTrainer) learns from unpaired examples: global_batch counts completions, one sequence each.
-NEEDS_REFERENCE = {"dpo": True, "ipo": True, "simpo": False, "orpo": False, "sft": False, "pretrain": False,
-                   "kto": True}
-PREFERENCE = frozenset({"dpo", "ipo", "simpo", "orpo"})
+# What each objective is (preference pairs, reference, sequences per sample) is core.objectives' table; the names
+# stay importable from here.
+__all__ = ["OBJECTIVES", "PREFERENCE", "Workload", "sequences_per_sample"]
 REFERENCE_MODES = ("live", "precomputed", "offloaded", "none")
 PRECISIONS = ("bf16", "fp16", "fp32")
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MAX_SEQ_LEN = 1 << 24  # 16M tokens: beyond any context window trained today
 MAX_BATCH = 1 << 24
 MAX_DATASET = 10**13
-
-
-def sequences_per_sample(objective: str) -> int:
-    """Chosen and rejected run through the policy as one concatenated batch (TRL's concatenated_forward)."""
-    return 2 if objective in PREFERENCE else 1
 
 
 @dataclass(frozen=True)
@@ -46,7 +39,7 @@ class Workload:
         check_choice("precision", self.precision, PRECISIONS)
         check_bool("master_weights_fp32", self.master_weights_fp32)
         require(isinstance(self.reference, str), f"reference must be a string, got {self.reference!r}")
-        ref = self.reference or ("live" if self.needs_reference else "none")
+        ref = self.reference or self.spec.default_reference
         check_choice("reference mode", ref, REFERENCE_MODES)
         if self.needs_reference:
             require(ref != "none", f"objective {self.objective} needs a reference model: use live, precomputed or offloaded")
@@ -55,16 +48,21 @@ class Workload:
         object.__setattr__(self, "reference", ref)
 
     @property
+    def spec(self) -> Objective:
+        """The objective's row of core.objectives' table."""
+        return OBJECTIVE_TABLE[self.objective]
+
+    @property
     def needs_reference(self) -> bool:
-        return NEEDS_REFERENCE[self.objective]
+        return self.spec.needs_reference
 
     @property
     def is_preference(self) -> bool:
-        return self.objective in PREFERENCE
+        return self.spec.is_preference
 
     @property
     def seqs_per_sample(self) -> int:
-        return sequences_per_sample(self.objective)
+        return self.spec.seqs_per_sample
 
     @property
     def tokens_per_step(self) -> int:

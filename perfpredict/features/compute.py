@@ -7,7 +7,26 @@ from __future__ import annotations
 
 import polars as pl
 
+from perfpredict.core.frameworks import runtimes_where
+
 c = pl.col
+
+
+def runtime_is(rule) -> pl.Expr:
+    """Rows whose runtime (d_runtime) has rule(core.frameworks.Runtime) true: the runtime table, not names."""
+    return c("d_runtime").is_in(runtimes_where(rule))
+
+
+def runtime_from_zero(field: str) -> pl.Expr:
+    """Rows whose runtime's `field` (a ZeRO stage or None in the runtime table) is set and reached by p_zero."""
+    from perfpredict.core.frameworks import RUNTIMES
+
+    out = pl.lit(False)
+    for name, r in RUNTIMES.items():
+        stage = getattr(r, field)
+        if stage is not None:
+            out = out | ((c("d_runtime") == name) & (c("p_zero") >= stage))
+    return out
 
 
 def on_cpu(name: pl.Expr | None = None) -> pl.Expr:
@@ -70,13 +89,13 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # volume); full recompute and the reference forward are forward passes too.
     tp_colls = 2.0 * forward_passes() + 2.0
     tp_bytes = m * layers * tp_colls * sbh * ring_ar_t
-    grad_b = pl.when(c("d_runtime").is_in(["megatron", "nanotron"]) | (c("w_precision") == "fp32")
-                     | ((c("d_runtime") == "ddp") & c("w_master_fp32"))).then(4.0).otherwise(2.0)
+    grad_b = pl.when(runtime_is(lambda r: r.grad_reduce_fp32) | (c("w_precision") == "fp32")
+                     | (runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32"))).then(4.0).otherwise(2.0)
     ring_d = (d - 1.0) / d
     params = c("d_params_rank")
     # Gradient sync: all-reduce (zero 0) = reduce-scatter + all-gather of updated params (zero 1/2); DeepSpeed
     # ZeRO-2/3 and FSDP reduce every micro-batch, Megatron/nanotron once per step.
-    per_mb_sync = c("d_runtime").is_in(["deepspeed", "fsdp"]) & (c("p_zero") >= 2)
+    per_mb_sync = runtime_from_zero("reduce_every_microbatch_from_zero")
     syncs = pl.when(per_mb_sync).then(m).otherwise(1.0)
     grad_sync = params * grad_b * ring_d * pl.when(c("p_zero") == 0).then(2.0).otherwise(1.0) * syncs
     param_gather = pl.when(c("p_zero").is_in([1, 2])).then(params * 2.0 * ring_d).otherwise(0.0)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from perfpredict.features.compute import runtime_from_zero, runtime_is
+
 c = pl.col
 
 
@@ -85,18 +87,19 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
       (w_master_fp32) hold 4 + 4 + 8; a bf16-loaded model trained in bf16 holds 2 + 2 and bf16 m+v (4).
     fp32 training: weights 4, grads 4, m+v 8, no master copy."""
     fp32 = c("w_precision") == "fp32"
-    fw = c("d_runtime")
-    ddp16 = (fw == "ddp") & ~c("w_master_fp32") & ~fp32
-    w = pl.when(fp32).then(4.0).when(fw == "fsdp").then(4.0).when(fw == "ddp").then(
+    as_loaded = runtime_is(lambda r: r.params_as_loaded)
+    ddp16 = as_loaded & ~c("w_master_fp32") & ~fp32
+    w = pl.when(fp32).then(4.0).when(runtime_is(lambda r: r.weights_fp32)).then(4.0).when(as_loaded).then(
         pl.when(ddp16).then(2.0).otherwise(4.0)).otherwise(2.0)
-    g = pl.when(fp32 | fw.is_in(["megatron", "nanotron", "fsdp"])).then(4.0).when(fw == "ddp").then(w).otherwise(2.0)
+    g = pl.when(fp32 | runtime_is(lambda r: r.grads_fp32)).then(4.0).when(as_loaded).then(w).otherwise(2.0)
     # DeepSpeed's ZeRO optimizers clone their partition into a separate fp32 master tensor even when the model is fp32
     # (deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:560-561 `weights_partition = ...detach().clone().to(dtype=
     # self.master_weights_and_grads_dtype)`; stage3.py:1160/1172 `converted.clone().detach()`); stage 0 hands the
     # torch optimizer the parameters themselves. Measured (collect trl, fp32): 16 B/param at ZeRO-1/2 world 1 with
     # no gradients alive (4 weights + 4 master + 8 Adam), 4 + 12/2 at world 2.
-    ds_fp32_master = (fw == "deepspeed") & fp32 & (c("p_zero") >= 1)
-    master = pl.when(ds_fp32_master).then(4.0).when(fp32 | fw.is_in(["fsdp", "ddp"]) | ~c("w_master_fp32")).then(
+    ds_fp32_master = runtime_from_zero("master_clone_from_zero") & fp32
+    no_master = runtime_is(lambda r: not r.separate_master)
+    master = pl.when(ds_fp32_master).then(4.0).when(fp32 | no_master | ~c("w_master_fp32")).then(
         0.0).otherwise(4.0)
     o = master + pl.when(ddp16).then(4.0).otherwise(8.0)
     z = c("p_zero")
@@ -179,7 +182,7 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     v = c("m_vocab").cast(pl.Float64)
     # Output logits: bf16 logits, an fp32 copy and the fp32 log-softmax kept for backward (TRL/HF path);
     # Megatron/nanotron's fused vocab-parallel cross entropy keeps the fp32 softmax only.
-    hf = c("d_runtime").is_in(["deepspeed", "fsdp", "ddp"])
+    hf = runtime_is(lambda r: not r.fused_vocab_ce)
     logit_bpe = pl.when(hf).then(10.0).otherwise(6.0)
     logits = s * b * v / t * logit_bpe
     # The second stage keeps one micro-batch fewer in flight under 1F1B; with an uneven split it may hold the most
@@ -223,7 +226,7 @@ def fsdp_gathered(df: pl.DataFrame) -> pl.DataFrame:
     SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward."""
     layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
     emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") * 2.0 / _tp()
-    gathered = (pl.when((c("d_runtime") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
+    gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
     return df.with_columns(d_gathered_bytes=gathered)
 
@@ -243,7 +246,7 @@ def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
     measured peak plus this term is the true peak.
     TRL on plain accelerate (runtime ddp) is DDP too: accelerator.prepare wraps the model in
     DistributedDataParallel with the default bucket settings."""
-    ddp = (c("d_runtime").is_in(["fsdp", "ddp"]) & (c("p_zero") == 0) & (c("p_dp") * c("p_cp") > 1)
+    ddp = (runtime_is(lambda r: r.ddp_buckets_at_zero0) & (c("p_zero") == 0) & (c("p_dp") * c("p_cp") > 1)
            & (c("p_tp") == 1) & (c("p_pp") == 1))
     return df.with_columns(
         d_ddp_bucket_bytes=pl.when(ddp).then(c("d_params_rank") * c("d_grad_bpp")).otherwise(0.0))

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from perfpredict.core.errors import require
-from perfpredict.core.frameworks import DEFAULT_RANKED, Capability, capability, expand_backends, stage_layers
+from perfpredict.core.frameworks import (
+    DEFAULT_RANKED,
+    Capability,
+    capability,
+    expand_backends,
+    refusal,
+    stage_layers,
+)
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan
 from perfpredict.core.workload import Workload
+
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 def divisors(n: int) -> list[int]:
@@ -95,61 +104,64 @@ def _layouts(model: ModelSpec, cluster: Cluster, workload: Workload, space: Plan
                 yield tp, pp, cp, dp
 
 
-def _framework_ok(cap: Capability, tp: int, pp: int, cp: int, dp: int, rej: Rejections) -> bool:
-    """Layout-level rules of the capability table."""
-    reason = None
-    if tp > 1 and not cap.tp:
-        reason = f"{cap.name} has no tensor parallelism"
-    elif pp > 1 and not cap.pp:
-        reason = f"{cap.name} has no pipeline parallelism"
-    elif cp > 1 and not cap.cp:
-        reason = f"{cap.name} has no context parallelism"
-    elif pp > 1 and cap.pp_alone and (tp > 1 or dp > 1):
-        reason = f"{cap.name} builds pipeline parallelism alone (tp = dp = 1)"
-    elif not cap.zero_choices(tp=tp, pp=pp, dp=dp, offload=False):
-        reason = f"{cap.name} has no ZeRO stage for this layout"
-    if reason:
-        rej.add(reason)
-    return reason is None
+# Every framework-legality decision below asks core.frameworks.refusal (why_not's rule) about a probe plan: the
+# layout with every other knob at a value the framework runs, one knob changed at a time. Its tally line is what a
+# rejection is counted as.
 
 
-def _stage_choices(cap: Capability, model: ModelSpec, pp: int, rej: Rejections) -> tuple[int, ...] | None:
-    if pp == 1:
+def _layout_probe(cap: Capability, tp: int, pp: int, cp: int, dp: int, rej: Rejections) -> tuple[Plan, tuple[int, ...]] | None:
+    """A legal plan of this layout for the framework (its lowest ZeRO stage), and the ZeRO stages it runs there;
+    None (the reason counted) when it runs none."""
+    probes = [Plan(tp=tp, pp=pp, dp=dp, cp=cp, zero=z, framework=cap.name) for z in ZERO_STAGES]
+    zeros = tuple(p.zero for p in probes if refusal(p) is None)
+    if not zeros:
+        rej.add(refusal(probes[0]).tally)
+        return None
+    return probes[zeros[0]], zeros
+
+
+def _stage_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejections) -> tuple[int, ...] | None:
+    """The framework's own split of the layers over the stages (() when even), or None when it cannot run one."""
+    if base.pp == 1:
         return ()
-    split = stage_layers(cap, model.layers, pp)
-    if split is None:
-        rej.add(f"{cap.name}: cannot split the layers over pp stages" if cap.stage_split != "even"
-                else f"{cap.name}: pp does not divide layers (it splits evenly)")
+    split = stage_layers(cap, model.layers, base.pp)
+    r = refusal(replace(base, stage_layers=split or ()), model)
+    if r:
+        rej.add(r.tally)
         return None
     return () if len(set(split)) == 1 else split
 
 
-def _schedules(cap: Capability, stages: tuple[int, ...], model: ModelSpec, pp: int, grad_accum: int,
-               space: PlanSpace, rej: Rejections) -> Iterator[tuple[str, int]]:
-    if pp == 1:
+def _schedules(cap: Capability, base: Plan, model: ModelSpec, grad_accum: int, space: PlanSpace,
+               rej: Rejections) -> Iterator[tuple[str, int]]:
+    if base.pp == 1:
         yield "1f1b", 1
         return
-    for sched in cap.schedules:
+    for sched in cap.schedules:  # the framework's schedules, in its order
         if sched != "interleaved":
             yield sched, 1
             continue
         v = space.interleaved_stages
-        counts = stages or (model.layers // pp,)
-        if any(n % v for n in counts):
-            rej.add("interleaved: a stage's layers not divisible by the virtual stages")
-        elif cap.interleaved_needs_ga_multiple and grad_accum % pp:
-            rej.add("interleaved: micro-batches not a multiple of pp")
+        probe = replace(base, schedule=sched, virtual_stages=v)
+        # The layers-per-stage rule is counted before the micro-batch rule (refusal checks them the other way
+        # round): the first probe runs a micro-batch count every pipeline accepts.
+        r = refusal(replace(probe, grad_accum=base.pp), model) or refusal(replace(probe, grad_accum=grad_accum))
+        if r:
+            rej.add(r.tally)
         else:
             yield "interleaved", v
 
 
-def _ep_choices(cap: Capability, model: ModelSpec, dp: int, rej: Rejections) -> tuple[int, ...]:
+def _ep_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejections) -> tuple[int, ...]:
     if not model.is_moe:
         return (1,)
-    eps = [e for e in divisors(dp) if e > 1 and model.experts % e == 0]
-    if eps and not cap.ep:
-        rej.add(f"{cap.name} has no expert parallelism", len(eps))
-        return (1,)
+    eps = []
+    for e in (e for e in divisors(base.dp) if e > 1 and model.experts % e == 0):
+        r = refusal(replace(base, ep=e))
+        if r:
+            rej.add(r.tally)
+        else:
+            eps.append(e)
     return (1, *eps)
 
 
@@ -162,37 +174,41 @@ def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spac
     for tp, pp, cp, dp in _layouts(model, cluster, workload, space, rej):
         per_replica = workload.global_batch // dp
         for cap in caps:
-            if not _framework_ok(cap, tp, pp, cp, dp, rej):
+            layout = _layout_probe(cap, tp, pp, cp, dp, rej)
+            if layout is None:
                 continue
-            stages = _stage_choices(cap, model, pp, rej)
+            base, zeros = layout
+            stages = _stage_choices(cap, model, base, rej)
             if stages is None:
                 continue
-            sps = (False, True) if tp > 1 and cap.sequence_parallel else (False,)
-            if tp > 1 and len(sps) == 2 and model.is_moe and not cap.moe_sequence_parallel:
-                sps = (False,)
+            base = replace(base, stage_layers=stages)
+            sps: tuple[bool, ...] = (False,)
+            if tp > 1 and refusal(replace(base, sequence_parallel=True), model) is None:
+                sps = (False, True)
             if True in sps and workload.seq_len % tp:
                 rej.add("sequence parallel: seq_len not divisible by tp")
                 sps = (False,)
-            eps = _ep_choices(cap, model, dp, rej)
+            eps = _ep_choices(cap, model, base, rej)
             for mb in space.micro_batches:
                 if per_replica % mb:
                     rej.add("micro-batch does not divide the per-replica batch")
                     continue
                 ga = per_replica // mb
-                for zero in cap.zero_choices(tp=tp, pp=pp, dp=dp, offload=False):
-                    offload_ok = space.offload and zero in cap.optimizer_offload_zero
+                for zero in zeros:
+                    at_zero = replace(base, zero=zero)
+                    offload_ok = space.offload and refusal(replace(at_zero, optimizer_offload=True)) is None
                     if dp == 1 and zero > 0 and not offload_ok:
                         rej.add("zero over one data-parallel replica shards nothing (only worth it to offload)")
                         continue
                     offloads: list[tuple[bool, bool]] = [(True, False)] if dp == 1 and zero > 0 else \
                         [(False, False)] + ([(True, False)] if offload_ok else [])
-                    if offload_ok and zero in cap.param_offload_zero:
+                    if offload_ok and refusal(replace(at_zero, optimizer_offload=True, param_offload=True)) is None:
                         offloads.append((True, True))
-                    for schedule, v in _schedules(cap, stages, model, pp, ga, space, rej):
+                    for schedule, v in _schedules(cap, base, model, ga, space, rej):
                         for rc in space.recompute:
-                            if rc not in cap.recompute:
-                                rej.add("selective recompute is Megatron/nanotron only" if rc == "selective"
-                                        else f"{cap.name} has no {rc} recompute")
+                            r = refusal(replace(base, recompute=rc))
+                            if r:
+                                rej.add(r.tally)
                                 continue
                             for sp in sps:
                                 for ep in eps:

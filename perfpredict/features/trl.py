@@ -49,8 +49,10 @@ from dataclasses import dataclass
 import polars as pl
 
 from perfpredict.core.errors import require
-from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE
-from perfpredict.features.compute import on_cpu
+from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE, TRL_FRAMEWORKS
+from perfpredict.core.objectives import OBJECTIVE_TABLE
+from perfpredict.core.objectives import TRL_OBJECTIVES as CORE_TRL_OBJECTIVES
+from perfpredict.features.compute import on_cpu, runtime_from_zero, runtime_is
 
 c = pl.col
 
@@ -109,14 +111,21 @@ class Trainer:
         require(self.head in ("fused", "full"), f"trainer head must be fused or full, got {self.head!r}")
 
 
+def _trainer(objective: str, head: str, **kw) -> Trainer:
+    """The trainer of core.objectives' row for `objective` (its TRL trainer class), with how it runs."""
+    return Trainer(OBJECTIVE_TABLE[objective].trl_trainer, head, **kw)
+
+
 TRAINERS: dict[str, Trainer] = {
-    "dpo": Trainer("DPOTrainer", "fused", grad_seqs=2, ref_seqs=2),
-    "ipo": Trainer("DPOTrainer", "fused", grad_seqs=2, ref_seqs=2),
-    "kto": Trainer("KTOTrainer", "fused", grad_seqs=1, nograd_policy_seqs=1, ref_seqs=2),
-    "simpo": Trainer("CPOTrainer", "full", grad_seqs=2),
-    "orpo": Trainer("ORPOTrainer", "full", grad_seqs=2, nll_share=0.5),
+    "dpo": _trainer("dpo", "fused", grad_seqs=2, ref_seqs=2),
+    "ipo": _trainer("ipo", "fused", grad_seqs=2, ref_seqs=2),
+    "kto": _trainer("kto", "fused", grad_seqs=1, nograd_policy_seqs=1, ref_seqs=2),
+    "simpo": _trainer("simpo", "full", grad_seqs=2),
+    "orpo": _trainer("orpo", "full", grad_seqs=2, nll_share=0.5),
 }
 TRL_OBJECTIVES = tuple(TRAINERS)
+require(set(TRL_OBJECTIVES) == set(CORE_TRL_OBJECTIVES),
+        f"features.trl models trainers of {sorted(TRL_OBJECTIVES)}, core.objectives names {sorted(CORE_TRL_OBJECTIVES)}")
 
 
 def _rule(field: str, default: float) -> pl.Expr:
@@ -130,7 +139,7 @@ def _fused() -> pl.Expr:
 
 
 def is_trl() -> pl.Expr:
-    return c("p_framework").str.starts_with("trl")
+    return c("p_framework").is_in(list(TRL_FRAMEWORKS))
 
 
 def trl_mode() -> pl.Expr:
@@ -219,8 +228,8 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     act_first = stored + HF_FINAL_SBH * n_tok * h * ab + b_rows * s * s * ab
     head_bwd = pl.max_horizontal(head_bwd, recompute_layer)
     # Reference weights: the policy's dtype, sharded only where its preparation shards it.
-    w_b = pl.when(fp32 | ((c("d_runtime") == "ddp") & c("w_master_fp32"))).then(4.0).otherwise(2.0)
-    sharded = ((c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)) | (c("d_runtime") == "fsdp")
+    w_b = pl.when(fp32 | (runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32"))).then(4.0).otherwise(2.0)
+    sharded = runtime_from_zero("reference_sharded_from_zero")
     ref_w = c("d_params_rank") * w_b / pl.when(sharded).then(c("p_dp").cast(pl.Float64)).otherwise(1.0)
     # FSDP gathers parameters in their own dtype (fp32 without mixed precision), not always 16-bit.
     layer = c("m_layer_params").cast(pl.Float64) * w_b
@@ -232,9 +241,10 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     # (partitioned_param_coordinator.py:653-662): a layer gathered in the forward is reused in the backward
     # 2 (L - i) layers later, so the last ~5e8 parameters' worth of layers (all of a model below that) stay gathered
     # from their forward to their backward, the peak being the head's backward.
-    ds_alone = (c("d_runtime") == "deepspeed") & (c("p_dp") * c("p_cp") == 1)
-    ds_kept = (c("d_runtime") == "deepspeed") & (c("p_zero") >= 3)
-    gathered = (pl.when((c("d_runtime") == "fsdp") & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
+    reuse = runtime_is(lambda r: r.zero3_reuse_distance)
+    ds_alone = reuse & (c("p_dp") * c("p_cp") == 1)
+    ds_kept = reuse & (c("p_zero") >= 3)
+    gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
                 .when(ds_alone).then(0.0)
                 .when(ds_kept).then(pl.min_horizontal(c("d_params_rank"), pl.lit(DS_REUSE_KEPT)) * w_b)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
@@ -243,7 +253,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     # max(gradients, activations + the head's backward) on top of weights and optimizer state, not both. DeepSpeed
     # keeps its own gradient buffers (left as features.memory has them); with accumulation the gradients of the
     # earlier micro-batches are alive through the later ones.
-    fresh = trl & (c("p_grad_accum") == 1) & c("d_runtime").is_in(["ddp", "fsdp"])
+    fresh = trl & (c("p_grad_accum") == 1) & runtime_is(lambda r: r.frees_grads_each_step)
     params = c("d_params_rank").clip(lower_bound=1.0)
     grad_eff = (c("d_grad_bpp") - (act_first + head_bwd) / params).clip(lower_bound=0.0)
     # DeepSpeed ZeRO 0-2 in fp32 (deepspeed 0.19.8; gradient bytes per parameter, d = data-parallel ranks). The
@@ -259,7 +269,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     #   :3095 buffered_allreduce_fallback with 5e8 elements per bucket, :3796 `self.flatten(bucket)`): 4 + 4;
     #   ZeRO-1/2 flatten the partition's gradients into a second partition-sized tensor (:3114-3117): 4/d + 4/d.
     # Measured: the step adds 8.0 B/param at world 1 with small activations, at every stage 0-2.
-    ds = c("d_runtime") == "deepspeed"
+    ds = runtime_is(lambda r: r.own_grad_buffers)
     zero = c("p_zero")
     ds_grads = trl & ds & zero.is_in([0, 1, 2]) & fp32
     part = pl.when(zero == 0).then(4.0).otherwise(4.0 / c("p_dp").cast(pl.Float64))

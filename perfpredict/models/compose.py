@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from perfpredict.features.compute import forward_passes, on_cpu
+from perfpredict.core.frameworks import RUNTIMES
+from perfpredict.features.compute import forward_passes, on_cpu, runtime_is
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.models.hardware_frame import hardware_table
@@ -30,7 +31,8 @@ PARTS = ("compute", "tp", "pp", "cp", "ep", "dp", "zero3", "optim")
 # - fsdp (FSDP2 and our CPU harness's DDP) reduce-scatters / all-reduces buckets as gradients become ready.
 # - deepspeed: ZeRO-2/3 reduce in buckets during backward (overlap_comm).
 # - ddp (TRL on plain accelerate): torch DDP's reducer all-reduces buckets during the last micro-batch's backward.
-OVERLAP_GRAD_REDUCE = {"megatron": False, "nanotron": True, "fsdp": True, "deepspeed": True, "ddp": True}
+# (core.frameworks RUNTIMES: Runtime.overlaps_grad_reduce)
+OVERLAP_GRAD_REDUCE = {n: r.overlaps_grad_reduce for n, r in RUNTIMES.items()}
 # torch DDP's default bucket (bucket_cap_mb=25): the last bucket's reduction cannot hide behind any backward.
 LAST_BUCKET_BYTES = 25e6
 # Kernels a decoder layer launches per micro-batch in eager PyTorch-based trainers: about 15 forward (norms, four
@@ -306,7 +308,7 @@ def _trl_cpu() -> pl.Expr:
 
 def _deepspeed_steps() -> pl.Expr:
     """1 for a TRL DeepSpeed plan on CPU (its engine's per-step host work), 0 elsewhere."""
-    return (_trl_cpu() & (c("d_runtime") == "deepspeed")).cast(pl.Float64)
+    return (_trl_cpu() & runtime_is(lambda r: r.engine_step_host_work)).cast(pl.Float64)
 
 
 def _zero3_hook_units() -> pl.Expr:

@@ -20,7 +20,7 @@ import polars as pl
 from scipy.spatial import cKDTree
 
 from perfpredict.core.catalog import cpu_names
-from perfpredict.core.frameworks import TRL_FRAMEWORKS
+from perfpredict.core.frameworks import FAMILY, TRL_FRAMEWORKS
 from perfpredict.features.compute import on_cpu
 from perfpredict.models.gb import GBRegressor
 
@@ -31,8 +31,8 @@ FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")
 # shape (validation folds, trl-shape) the correction made both worse: step time 19.3 % vs 16.2 % composed, peak
 # memory 4.2 % vs 3.0 %.
 UNCORRECTED = TRL_FRAMEWORKS
-# TRL's trainers (features.trl) form their own family, so their intervals are their own.
-FAMILY = {"megatron": "3d", "nanotron": "3d", "deepspeed": "zero", "fsdp": "zero", **dict.fromkeys(TRL_FRAMEWORKS, "trl")}
+# Frameworks of one family (core.frameworks FAMILY: Capability.family) share a domain; TRL's trainers
+# (features.trl) form their own family, so their intervals are their own.
 RECOMPUTE_CODES = {"none": 0.0, "selective": 1.0, "full": 2.0}
 # Per-step reference cost: none = precomputed (its forward ran before training) < live < offloaded (streamed in).
 REFERENCE_CODES = {"none": 0.0, "precomputed": 0.0, "live": 1.0, "offloaded": 2.0}

@@ -13,6 +13,7 @@ import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
+from perfpredict.core.schema import STEP_TIME_PARTS
 from perfpredict.features.descriptors import describe
 from perfpredict.models.bundle import Bundle, default_path
 
@@ -60,13 +61,13 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         b_bubble_s=pl.Series(df["k_bubble_s"].to_numpy() * ratio),
         b_optimizer_s=pl.Series((df["k_optim_s"] + df["d_host_s"]).to_numpy() * ratio),
         # The peak rank's parts, scaled like its total: they add up to peak_memory_gib.
-        m_states_gib=pl.Series(df["d_peak_states_gib"].to_numpy() * mratio),
-        m_activations_gib=pl.Series(df["d_peak_act_gib"].to_numpy() * mratio),
-        m_logits_gib=pl.Series(df["d_peak_logits_gib"].to_numpy() * mratio),
-        m_reference_gib=pl.Series(df["d_peak_ref_gib"].to_numpy() * mratio),
-        m_other_gib=pl.Series(df["d_peak_other_gib"].to_numpy() * mratio),
+        mem_states_gib=pl.Series(df["d_peak_states_gib"].to_numpy() * mratio),
+        mem_activations_gib=pl.Series(df["d_peak_act_gib"].to_numpy() * mratio),
+        mem_logits_gib=pl.Series(df["d_peak_logits_gib"].to_numpy() * mratio),
+        mem_reference_gib=pl.Series(df["d_peak_ref_gib"].to_numpy() * mratio),
+        mem_other_gib=pl.Series(df["d_peak_other_gib"].to_numpy() * mratio),
     )
-    parts = ["b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s"]
+    parts = list(STEP_TIME_PARTS)
     names = ["compute", "TP communication", "DP communication", "pipeline communication", "pipeline bubble",
              "optimizer/offload"]
     dom = np.array(names)[np.argmax(out.select(parts).to_numpy(), axis=1)]
@@ -98,9 +99,9 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
         peak_memory_interval_gib=(r["peak_memory_lo_gib"], r["peak_memory_hi_gib"]),
         breakdown={"compute_s": r["b_compute_s"], "tp_comm_s": r["b_tp_comm_s"], "dp_comm_s": r["b_dp_comm_s"],
                    "pp_comm_s": r["b_pp_comm_s"], "bubble_s": r["b_bubble_s"], "optimizer_s": r["b_optimizer_s"],
-                   "states_gib": r["m_states_gib"], "activations_gib": r["m_activations_gib"],
-                   "logits_gib": r["m_logits_gib"], "reference_gib": r["m_reference_gib"],
-                   "other_gib": r["m_other_gib"]},
+                   "states_gib": r["mem_states_gib"], "activations_gib": r["mem_activations_gib"],
+                   "logits_gib": r["mem_logits_gib"], "reference_gib": r["mem_reference_gib"],
+                   "other_gib": r["mem_other_gib"]},
         dominant=r["dominant"])
 
 

@@ -9,6 +9,7 @@ import polars as pl
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.hardware import Cluster, node_shape
 from perfpredict.core.model import ModelSpec
+from perfpredict.core.schema import RANK_COLUMNS
 from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
 from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
@@ -16,17 +17,7 @@ from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import load_predictor, predict_frame
 
 c = pl.col
-RANK_COLUMNS = (
-    "rank", "plan", "p_framework", "p_tp", "p_pp", "p_dp", "p_cp", "p_sp", "p_zero", "p_micro_batch",
-    "p_grad_accum", "p_recompute", "p_offload", "p_schedule", "p_vstages", "p_ep", "p_param_offload",
-    "p_stage_layers", "samples_per_s", "tokens_per_s",
-    "step_time_s", "step_time_lo_s", "step_time_hi_s", "time_to_finish_h", "peak_memory_gib",
-    "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", "b_compute_s", "b_tp_comm_s",
-    "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s", "m_states_gib", "m_activations_gib",
-    "m_logits_gib", "m_reference_gib", "m_other_gib", "g_memory_gib",
-)
-
-
+__all__ = ["RANK_COLUMNS", "Ranking", "fewest_gpus", "rank_plans", "what_would_fit"]
 @dataclass
 class Ranking:
     table: pl.DataFrame  # every legal plan, fitting ones first, best predicted throughput first
@@ -164,10 +155,10 @@ def explain(ranking: Ranking) -> str:
     gain, why = diffs[0]
     if gain > 0:
         lines.append(f"The main gain is {why} ({gain:.3f} s less per step).")
-    lines.append(f"Memory: states {a['m_states_gib']:.1f} vs {b['m_states_gib']:.1f}, activations "
-                 f"{a['m_activations_gib']:.1f} vs {b['m_activations_gib']:.1f}, logits {a['m_logits_gib']:.1f} vs "
-                 f"{b['m_logits_gib']:.1f}, reference {a['m_reference_gib']:.1f} vs {b['m_reference_gib']:.1f}, "
-                 f"gathered parameters {a['m_other_gib']:.1f} vs {b['m_other_gib']:.1f} GiB (the peak rank's parts; "
+    lines.append(f"Memory: states {a['mem_states_gib']:.1f} vs {b['mem_states_gib']:.1f}, activations "
+                 f"{a['mem_activations_gib']:.1f} vs {b['mem_activations_gib']:.1f}, logits {a['mem_logits_gib']:.1f} vs "
+                 f"{b['mem_logits_gib']:.1f}, reference {a['mem_reference_gib']:.1f} vs {b['mem_reference_gib']:.1f}, "
+                 f"gathered parameters {a['mem_other_gib']:.1f} vs {b['mem_other_gib']:.1f} GiB (the peak rank's parts; "
                  "they add up to its peak).")
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.frameworks import CAPABILITIES
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
@@ -60,13 +61,13 @@ def emit(target: str, *, model: ModelSpec, cluster: Cluster, workload: Workload,
     if target not in TARGETS:
         raise PerfPredictError(f"unknown emit target {target!r}; accepted: {', '.join(TARGETS)}")
     ctx = Ctx(model, cluster, workload, plan, model_id)
+    cap = CAPABILITIES[plan.framework]
     reason = fit(target, plan, workload, model)
     if reason:
         fits = fitting_targets(model=model, workload=workload, plan=plan)
         if fits:
             which = f"targets that fit it: {', '.join(fits)}"
-        elif plan.framework in ("deepspeed", "fsdp", "trl", "trl+deepspeed", "trl+fsdp") and max(plan.tp, plan.pp,
-                                                                                                 plan.cp) > 1:
+        elif not (cap.tp or cap.pp or cap.cp) and max(plan.tp, plan.pp, plan.cp) > 1:
             which = "no target fits it; tp/pp/cp > 1 runs under Megatron: choose a megatron plan (targets megatron, torchrun)"
         else:
             which = f"no target fits it (targets: {', '.join(TARGETS)}); choose a plan of another framework"

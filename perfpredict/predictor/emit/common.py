@@ -9,7 +9,7 @@ from typing import Any
 
 from perfpredict.core.catalog import hf_id
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.core.frameworks import CAPABILITIES, TRL_FRAMEWORKS, why_not
+from perfpredict.core.frameworks import CAPABILITIES, why_not
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
@@ -22,13 +22,9 @@ RDZV_PORT = 29500
 # fit checks: None when the target can run the plan, else a reason (one clause, no newline)
 
 
-_WRITES = {"deepspeed": "DeepSpeed ZeRO configs", "fsdp": "an accelerate FSDP config", "megatron": "Megatron-LM arguments",
-           "trl": "a TRL trainer config and its accelerate (DDP, DeepSpeed or FSDP) files"}
-
-
 def _owns(target: str, framework: str) -> bool:
     cap = CAPABILITIES[framework]
-    return framework == target or cap.emit_target == target or (target == "trl" and framework in TRL_FRAMEWORKS)
+    return framework == target or cap.emit_target == target or (cap.family == CAPABILITIES[target].family == "trl")
 
 
 def _fit_framework(target: str):
@@ -38,7 +34,7 @@ def _fit_framework(target: str):
 
     def fit_target(plan: Plan, model: ModelSpec) -> str | None:
         if not _owns(target, plan.framework):
-            return f"it writes {_WRITES[target]} and this is a {plan.framework} plan"
+            return f"it writes {CAPABILITIES[target].emit_writes} and this is a {plan.framework} plan"
         return why_not(plan, model)
 
     return fit_target
@@ -54,9 +50,9 @@ def _fit_torchrun(plan: Plan, workload: Workload, model: ModelSpec) -> str | Non
     if own not in _FIT:
         return f"{plan.framework} plans are not emitted (nanotron reads its own YAML config)"
     reason = _FIT[own](plan, model)
-    if reason or plan.framework != "megatron" or not workload.is_preference:
+    if reason or CAPABILITIES[plan.framework].launcher != "torchrun" or not workload.is_preference:
         return reason
-    if workload.objective not in ("dpo", "ipo"):
+    if workload.spec.nemo_aligner_loss is None:
         return (f"NeMo-Aligner (the Megatron preference trainer launched here) has no {workload.objective} loss; "
                 "its preference_loss accepts dpo, ipo and rpo variants")
     if plan.zero >= 2 or plan.optimizer_offload:

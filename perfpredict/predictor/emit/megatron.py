@@ -110,7 +110,7 @@ def _megatron_notes(ctx: Ctx) -> list[str]:
             "NeMo-Aligner keeps the reference weights on CPU and swaps them in to score each global batch "
             "(cpu_weight_swap).",
         ]
-        if w.objective in ("simpo", "orpo"):
+        if w.spec.nemo_aligner_loss is None:
             notes.append(f"NeMo-Aligner has no {w.objective} loss: these arguments give the parallel layout for a "
                          "custom Megatron trainer.")
     return notes
@@ -158,5 +158,5 @@ def nemo_aligner_overrides(ctx: Ctx) -> list[str]:
     elif p.recompute == "full":
         out += ["++model.activations_checkpoint_granularity=full", "++model.activations_checkpoint_method=uniform",
                 "++model.activations_checkpoint_num_layers=1"]
-    out += [f"++model.dpo.preference_loss={w.objective}", "++model.dpo.ref_policy_kl_penalty=0.1"]
+    out += [f"++model.dpo.preference_loss={w.spec.nemo_aligner_loss}", "++model.dpo.ref_policy_kl_penalty=0.1"]
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from perfpredict.core.frameworks import RUNTIME
+from perfpredict.core.frameworks import CAPABILITIES, runtime_of
 from perfpredict.predictor.emit.common import RDZV_PORT, Ctx, comment_block
 from perfpredict.predictor.emit.deepspeed import deepspeed_files
 from perfpredict.predictor.emit.fsdp import fsdp_files
@@ -44,7 +44,8 @@ def torchrun_files(ctx: Ctx) -> dict[str, str]:
            'MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"' if c.nodes == 1 else
            ': "${MASTER_ADDR:?set MASTER_ADDR to the address of the node with NODE_RANK=0}"']
     notes: list[str] = []
-    if p.framework == "megatron":
+    cap = CAPABILITIES[p.framework]
+    if cap.launcher == "torchrun":
         torchrun = ["torchrun", "--nnodes", str(c.nodes), "--nproc-per-node", str(c.gpus_per_node),
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"$MASTER_ADDR:{RDZV_PORT}",
                     "--rdzv-id", "$RDZV_ID"]
@@ -71,10 +72,10 @@ def torchrun_files(ctx: Ctx) -> dict[str, str]:
                              "trainer (NeMo / Megatron-Bridge).")
             cmd.append("$@")
     else:
-        runtime = RUNTIME[p.framework]
-        config_file = "accelerate_fsdp.yaml" if runtime == "fsdp" else "accelerate_config.yaml"
-        files.update(deepspeed_files(ctx) if runtime == "deepspeed" else fsdp_files(ctx) if runtime == "fsdp"
-                     else trl_files(ctx))
+        config_file = runtime_of(p.framework).accelerate_config_file
+        # The accelerate config its own emit target writes (trl+deepspeed: the deepspeed target's).
+        builders = {"deepspeed": deepspeed_files, "fsdp": fsdp_files, "trl": trl_files}
+        files.update(builders[cap.emit_target](ctx))
         if w.objective == "pretrain":
             env.append('TRANSFORMERS_DIR="${TRANSFORMERS_DIR:-$PWD/transformers}"')
         else:

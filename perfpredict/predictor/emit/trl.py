@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from perfpredict.core.frameworks import RUNTIME
+from perfpredict.core.frameworks import CAPABILITIES, runtime_of
 from perfpredict.predictor.emit.common import RDZV_PORT, Ctx, comment_block, yaml_lines
 
 # The trainer configs below carry only fields that exist in TRL 1.16.0's DPOConfig, experimental CPOConfig /
@@ -22,28 +22,15 @@ _TRL_REF_OFFLOAD_NOTE = [
 
 
 def trainer(ctx: Ctx) -> dict[str, Any]:
-    """Which script runs the objective, the config class it parses, and the args file name."""
-    obj = ctx.workload.objective
-    if obj in ("dpo", "ipo"):
-        return {"script": "$TRL_DIR/trl/scripts/dpo.py", "config": "trl.DPOConfig", "file": "trl_dpo_args.json"}
-    if obj == "simpo":
-        return {"script": "$TRL_DIR/trl/experimental/cpo/cpo.py", "config": "trl.experimental.cpo.CPOConfig",
-                "file": "trl_cpo_args.json"}
-    if obj == "orpo":
-        return {"script": "$TRL_DIR/trl/experimental/orpo/orpo.py", "config": "trl.experimental.orpo.ORPOConfig",
-                "file": "trl_orpo_args.json"}
-    if obj == "kto":
-        return {"script": "$TRL_DIR/trl/scripts/kto.py", "config": "trl.KTOConfig", "file": "trl_kto_args.json"}
-    if obj == "sft":
-        return {"script": "$TRL_DIR/trl/scripts/sft.py", "config": "trl.SFTConfig", "file": None}
-    return {"script": "$TRANSFORMERS_DIR/examples/pytorch/language-modeling/run_clm.py",
-            "config": "transformers.TrainingArguments", "file": None}
+    """Which script runs the objective, the config class it parses, and the args file name (core.objectives)."""
+    o = ctx.workload.spec
+    return {"script": o.trl_script, "config": o.trl_config, "file": o.trl_args_file}
 
 
 def _hf_gradient_checkpointing(ctx: Ctx) -> bool:
     # Under FSDP, activation checkpointing is accelerate's fsdp_activation_checkpointing; transformers raises if
     # TrainingArguments.gradient_checkpointing is also true.
-    return ctx.plan.recompute != "none" and RUNTIME[ctx.plan.framework] != "fsdp"
+    return ctx.plan.recompute != "none" and not runtime_of(ctx.plan.framework).accelerate_activation_checkpointing
 
 
 def _trainer_args(ctx: Ctx) -> dict[str, Any]:
@@ -66,59 +53,52 @@ def _trainer_args(ctx: Ctx) -> dict[str, Any]:
     args["gradient_checkpointing"] = gc
     if gc:
         args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
-    if w.objective in ("dpo", "ipo"):
-        args["loss_type"] = "sigmoid" if w.objective == "dpo" else "ipo"
-        args["beta"] = 0.1
-        args["precompute_ref_log_probs"] = w.reference == "precomputed"
-    elif w.objective == "kto":
-        args["loss_type"] = "kto"
-        args["beta"] = 0.1
-        args["precompute_ref_log_probs"] = w.reference == "precomputed"
-    elif w.objective == "simpo":
-        args["loss_type"] = "simpo"
-        args["cpo_alpha"] = 0.0
-    elif w.objective == "orpo":
-        args["beta"] = 0.1
+    o = w.spec
+    if o.trl_trainer:
+        if o.trl_loss_type:
+            args["loss_type"] = o.trl_loss_type
+        if o.trl_beta is not None:
+            args["beta"] = o.trl_beta
+        if o.needs_reference:
+            args["precompute_ref_log_probs"] = w.reference == "precomputed"
+        args.update(o.trl_extra_args)
     args["logging_steps"] = 10
     return args
 
 
 def trainer_notes(ctx: Ctx) -> list[str]:
     w, t = ctx.workload, trainer(ctx)
+    o = w.spec
+    dpo_trainer = o.trl_trainer == "DPOTrainer"
     notes: list[str] = []
     if ctx.pref:
         notes.append(f"Trainer arguments ({t['config']}): {t['file']}; the torchrun target's launch.sh passes the "
                      "same values as flags" + (" (trl/scripts/dpo.py also takes it as --config)."
-                                               if w.objective in ("dpo", "ipo") else "."))
+                                               if dpo_trainer else "."))
         notes.append(f"per_device_train_batch_size counts pairs: each GPU forwards {2 * ctx.plan.micro_batch} "
                      "sequences (chosen + rejected concatenated).")
-    if w.objective in ("dpo", "ipo"):
+    if dpo_trainer:
         notes.append(f"max_prompt_length is left out: TRL {TRL_VERSION}'s DPOConfig has none (max_length truncates "
                      "prompt + completion); filter overlong prompts from the dataset instead, or add it for an older "
                      "TRL.")
         if w.reference == "precomputed":
             notes.append("precompute_ref_log_probs: do not pass a ref_model; DPOTrainer then builds none and reads "
                          "the reference log-probs from the dataset (a reference passed anyway stays in memory).")
-        if w.objective == "ipo":
-            notes.append("loss_type ipo: beta is IPO's tau.")
+        if o.trl_beta_means:
+            notes.append(f"loss_type {o.trl_loss_type}: beta is {o.trl_beta_means}.")
         if w.reference == "offloaded":
             notes += _TRL_REF_OFFLOAD_NOTE
-    if w.objective == "simpo":
-        notes.append("SimPO runs as TRL's CPOTrainer with loss_type simpo and cpo_alpha 0 (a non-zero cpo_alpha is "
-                     "CPO-SimPO); tune beta and simpo_gamma for SimPO, whose good values differ from DPO's.")
-    if w.objective in ("simpo", "orpo"):
+    notes += o.trl_notes
+    if o.trl_config.startswith("trl.experimental."):
         notes.append("CPO and ORPO live under trl.experimental in current TRL (trl.trainer in older releases).")
-    if w.objective == "kto":
-        notes.append("KTO (trl.KTOTrainer) takes unpaired examples: per_device_train_batch_size counts completions; "
-                     "each step also runs a mismatched KL batch of the same size through the policy and reference.")
-    if RUNTIME[ctx.plan.framework] == "fsdp" and ctx.plan.recompute == "full":
+    if runtime_of(ctx.plan.framework).accelerate_activation_checkpointing and ctx.plan.recompute == "full":
         notes.append("recompute full is fsdp_activation_checkpointing in the accelerate config; gradient_checkpointing "
                      "stays false (transformers refuses both at once).")
     return notes
 
 
 def trl_args_file(ctx: Ctx) -> dict[str, str]:
-    if not (ctx.pref or ctx.workload.objective == "kto"):
+    if not ctx.workload.spec.trl_args_file:
         return {}
     t = trainer(ctx)
     return {t["file"]: json.dumps(_trainer_args(ctx), indent=2) + "\n"}
@@ -179,11 +159,10 @@ def trl_files(ctx: Ctx) -> dict[str, str]:
     from perfpredict.predictor.emit.deepspeed import deepspeed_files
     from perfpredict.predictor.emit.fsdp import fsdp_files
 
-    runtime = RUNTIME[ctx.plan.framework]
-    if runtime == "deepspeed":
-        return deepspeed_files(ctx)
-    if runtime == "fsdp":
-        return fsdp_files(ctx)
+    # trl+deepspeed / trl+fsdp: the files of their own emit target (the capability table's emit_target).
+    backend = {"deepspeed": deepspeed_files, "fsdp": fsdp_files}.get(CAPABILITIES[ctx.plan.framework].emit_target)
+    if backend:
+        return backend(ctx)
     p, w = ctx.plan, ctx.workload
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[w.precision]
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False,
