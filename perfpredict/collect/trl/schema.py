@@ -9,32 +9,13 @@ import statistics
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-import polars as pl
-
-from perfpredict.collect.store import runs_schema
 from perfpredict.collect.trl.grid import SHAPES, TrlConfig
 from perfpredict.core.scenario import cluster_columns, model_columns
+from perfpredict.core.schema import TRL_COLUMNS, trl_schema  # noqa: F401  (the table this module fills)
 
 GiB = float(2**30)
 TRL_PACKAGES = ("trl", "transformers", "accelerate", "datasets", "tokenizers")
 
-TRL_COLUMNS: dict[str, Any] = {
-    "trainer": pl.Utf8, "loss_type": pl.Utf8, "reference": pl.Utf8, "backend": pl.Utf8,
-    "distributed_type": pl.Utf8, "per_device_batch": pl.Int64, "grad_accum": pl.Int64,
-    "gradient_checkpointing": pl.Boolean, "padding_free": pl.Boolean, "padding_free_effective": pl.Boolean,
-    "prompt_len": pl.Int64, "completion_len": pl.Int64, "len_jitter": pl.Float64, "max_length": pl.Int64,
-    "dtype": pl.Utf8, "config_json": pl.Utf8,
-    "batch_rows": pl.Float64, "padded_len_mean": pl.Float64, "padded_len_max": pl.Int64, "padded_len_min": pl.Int64,
-    "padded_tokens_mean": pl.Float64, "real_tokens_mean": pl.Float64, "completion_tokens_mean": pl.Float64,
-    "batches_seen": pl.Int64, "batch_shapes": pl.Utf8, "ref_in_memory": pl.Boolean, "construct_s": pl.Float64,
-    "params_measured": pl.Int64, "base_memory_gib": pl.Float64, "rss_gib": pl.Float64,
-    "competing_load_cores": pl.Float64, "end_memory_gib": pl.Float64, "net_memory_gib": pl.Float64,
-    "trace": pl.Utf8,
-}
-
-
-def trl_schema() -> dict[str, Any]:
-    return {**runs_schema(), **TRL_COLUMNS}
 
 
 def trl_versions(*, deepspeed: bool = False) -> dict[str, str | None]:

@@ -41,6 +41,7 @@ from perfpredict.core.dataset import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES, appe
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.scenario import model_columns
+from perfpredict.core.schema import GENERATE_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -415,7 +416,7 @@ def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: in
         def on_row(row: dict[str, Any]) -> None:
             row["collected_at"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
             row["sweep_seed"] = seed
-            append_rows(path, [row], GENERATE_SCHEMA)
+            append_rows(path, [row], GENERATE_COLUMNS)
             tps = row.get("output_tokens_per_s")
             console.print(
                 f"{row['run_id']} {row['model_shape']} tp{row['tp']}x{row['replicas']} mns{row['max_num_seqs']} "
@@ -436,22 +437,6 @@ def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: in
     return path
 
 
-GENERATE_SCHEMA: dict[str, Any] = {
-    "run_id": pl.Utf8, "group_id": pl.Utf8, "engine_key": pl.Utf8, "model_shape": pl.Utf8, "outcome": pl.Utf8,
-    "error": pl.Utf8, "attempts": pl.Int64, "tp": pl.Int64, "pp": pl.Int64, "replicas": pl.Int64,
-    "max_num_seqs": pl.Int64, "kv_cache_memory_bytes": pl.Int64, "prefix_caching": pl.Boolean,
-    "max_model_len": pl.Int64, "dtype": pl.Utf8, "workload_index": pl.Int64, "repeat": pl.Int64,
-    "prompts": pl.Int64, "samples_per_prompt": pl.Int64, "input_len": pl.Int64, "output_len": pl.Int64,
-    "shared_prefix_len": pl.Int64, "engine_start_s": pl.Float64, "kv_capacity_tokens": pl.Int64,
-    "kv_capacity_tokens_engine": pl.Int64, "block_size": pl.Int64, "num_gpu_blocks": pl.Int64,
-    "max_num_batched_tokens": pl.Int64, "wall_s": pl.Float64, "output_tokens": pl.Int64, "prompt_tokens": pl.Int64,
-    "output_tokens_per_s": pl.Float64, "total_tokens_per_s": pl.Float64, "ttft_s": pl.Float64,
-    "tpot_s": pl.Float64, "e2e_latency_s": pl.Float64, "preemptions": pl.Int64,
-    "prefix_cache_hit_rate": pl.Float64, "replica_walls_s": pl.Utf8, "calib_before_s": pl.Float64,
-    "calib_after_s": pl.Float64, "calib_baseline_s": pl.Float64, "calib_ratio": pl.Float64,
-    "other_load_cores": pl.Float64, "steal_cores": pl.Float64, "gate_ok": pl.Boolean, "metrics_json": pl.Utf8,
-    "sweep_seed": pl.Int64,
-}
 
 
 def summarize_repeats(df: pl.DataFrame) -> pl.DataFrame:
