@@ -17,6 +17,7 @@ import typer.core
 
 from perfpredict.core.console import stderr_console, stdout_console
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.objectives import OBJECTIVES
 
 try:  # typer >= 0.20 vendors its own click
     from typer._click import exceptions as click_exc
@@ -136,7 +137,7 @@ GpuOpt = Annotated[str, typer.Option(help="GPU catalog name (`perfpredict catalo
 GpusPerNodeOpt = Annotated[int, typer.Option(help="GPUs per node")]
 IntraBwOpt = Annotated[float, typer.Option(help="GB/s per GPU inside a node (default: the GPU's)")]
 InterBwOpt = Annotated[float, typer.Option(help="GB/s per GPU between nodes (default: the GPU's)")]
-ObjectiveOpt = Annotated[str, typer.Option(help="dpo | ipo | simpo | orpo | kto | sft | pretrain")]
+ObjectiveOpt = Annotated[str, typer.Option(help=" | ".join(OBJECTIVES))]
 SeqLenOpt = Annotated[int, typer.Option(help="tokens per sequence (prompt + response)")]
 GlobalBatchOpt = Annotated[int, typer.Option(help="pairs (preference objectives) or sequences per optimizer step")]
 PrecisionOpt = Annotated[str, typer.Option(help="bf16 | fp16 | fp32")]

@@ -29,6 +29,7 @@ from perfpredict.core.catalog import get_model
 from perfpredict.core.dataset import append_rows
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
+from perfpredict.core.objectives import objective
 from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario
 from perfpredict.core.workload import Workload
@@ -135,7 +136,7 @@ def sample_plans(*, n: int, models: tuple[str, ...] = DEFAULT_MODELS, seed: int 
         shape = shapes[min(int(u[0] * len(shapes)), len(shapes) - 1)]
         spec = specs[shape.key]
         obj = pick(u[1], OBJECTIVES)
-        ref = pick(u[2], REFERENCES) if obj in ("dpo", "ipo") else "none"
+        ref = pick(u[2], REFERENCES) if objective(obj).needs_reference else "none"
         world = pick(u[3], WORLDS)
         tp, pp, dp, zero, sp, sched = pick(u[4], STRATEGIES[world])
         rc = pick(u[5], RECOMPUTE)
