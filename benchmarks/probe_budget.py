@@ -1,4 +1,4 @@
-"""`perfpredict collect probes --quick` against its 2-minute budget (issue 3), per probe family.
+"""`perfpredict collect probes --quick` against its 2-minute budget, per probe family.
 
 Run by hand: `python benchmarks/probe_budget.py`. The budget is for a fresh machine where a user checks that collect
 works before a full run; the full suite's time is printed beside it for scale when `--full` is given."""

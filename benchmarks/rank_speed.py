@@ -1,6 +1,6 @@
 """Ranking speed: plans per second and how it grows with the plan count; a cold `perfpredict rank`.
 
-Run by hand: `python benchmarks/rank_speed.py`. Targets (issue 5): all plans of a 512-GPU cluster for a 70B model
+Run by hand: `python benchmarks/rank_speed.py`. Targets: all plans of a 512-GPU cluster for a 70B model
 ranked in under 1 s warm; a cold CLI rank under 2 s. Calculon searches about 420 plans/s per core, for scale."""
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def test_emit_targets_parse_back(tmp_path, target, framework):
 
 
 def test_inter_node_bandwidth_changes_a_two_node_dpo_ranking():
-    """Issue 9: the TP-or-DP question depends on the cluster's links. On 2 nodes, a plan whose data-parallel
+    """The TP-or-DP question depends on the cluster's links. On 2 nodes, a plan whose data-parallel
     gradients cross nodes pays for a 4x slower inter-node link; plans that keep that traffic inside a node do not,
     so the order changes, and --explain shows the DP communication behind it."""
     def ranking(bw: str) -> list[dict]:

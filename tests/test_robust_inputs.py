@@ -1,4 +1,4 @@
-"""No input breaks the tool (issue 12): every command and library entry point answers bad input with exit code 2 and
+"""No input breaks the tool: every command and library entry point answers bad input with exit code 2 and
 one line naming what is wrong (never a traceback, never a silent fix-up), and `predict` answers every line of a
 JSON Lines file. The property tests draw from the whole scenario schema with bounded examples (CI); the hand-run
 benchmarks/fuzz_inputs.py pushes 1,000 inputs through the same checks."""

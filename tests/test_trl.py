@@ -1,4 +1,4 @@
-"""Framework trl (issue 10): capability table rows, plan space, TRL memory descriptors, TRL rows as a data source,
+"""Framework trl: capability table rows, plan space, TRL memory descriptors, TRL rows as a data source,
 and the emitted trainer configs loaded by TRL 1.16 itself."""
 
 import json

@@ -9,7 +9,7 @@
   minus the CPU time of our own process tree (our own + waited-for children via getrusage, which includes the
   torchrun workers once torchrun has reaped them). It also reports the hypervisor's steal time on its own
   (`steal_cores`, also part of the busy time above): steal is a slow-down no guest-side wait can avoid, and
-  keeping it apart tells it from the calibration's other slow-downs (on this VM, 1.2-1.3x stretches mostly came
+  keeping it apart tells it from the calibration's other slow-downs (on the 2-core development hosts, 1.2-1.3x stretches mostly came
   with steal near 0)."""
 
 from __future__ import annotations

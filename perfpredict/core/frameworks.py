@@ -1,5 +1,5 @@
 """What each training framework can run: the one capability table that the plan generator, `--emit` and collect
-read (issue 10 item 3, issue 12).
+read.
 
 One frozen `Capability` per framework (and per TRL backend). `why_not(plan, model)` is the single legality check
 built from it: None when the framework can run the plan, else one clause saying why not. The plan generator counts
@@ -36,7 +36,7 @@ Sources read (cited as repo:path, the `search` tool's code/docs corpora):
 - TRL 1.16 (DPOTrainer, CPOTrainer/ORPOTrainer under trl.experimental, KTOTrainer) on accelerate 1.15: `trl` is the
   plain accelerate launch (one process, or DDP: accelerator.prepare wraps the model in DistributedDataParallel),
   `trl+deepspeed` ZeRO 0-3 with optimizer/param offload, `trl+fsdp` FSDP (zero 2/3); no TP/PP/CP. Measured by
-  `perfpredict collect trl` and modelled by features/trl.py (issue 10): `rank --framework trl` ranks all three.
+  `perfpredict collect trl` and modelled by features/trl.py: `rank --framework trl` ranks all three.
 - perfpredict collect's harness (perfpredict/collect/parallel.py, torchtitan-like, PyTorch-native): DDP, FSDP2
   (zero 2/3; zero 1 runs as 2), DTensor TP (+SP, not with MoE), 2-D TP x FSDP, torch.distributed.pipelining alone
   (tp = dp = 1) with GPipe or 1F1B and an even split; no CP, no offload. Its rows are recorded as framework "fsdp".

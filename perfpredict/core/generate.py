@@ -1,6 +1,6 @@
 """A generation scenario: (model, hardware, workload, layout) for producing samples with vLLM.
 
-JSON keys (issue 11): `"phase": "generate"`, `model` and `hardware` as for training (on a CPU each core bound to an
+JSON keys: `"phase": "generate"`, `model` and `hardware` as for training (on a CPU each core bound to an
 engine rank counts as one device), `workload` {prompts, samples_per_prompt = 1, input_len, output_len,
 precision = bf16, shared_prefix_len = 0}, `layout` {tp, pp = 1, replicas, max_num_seqs = engine default,
 gpu_memory_utilization = 0.9 (GPUs), kv_space_gib (CPUs; VLLM_CPU_KVCACHE_SPACE), kv_cache_memory_bytes,

@@ -1,4 +1,4 @@
-"""Predicted generation throughput, KV capacity and time to generate for vLLM scenarios (issue 11's output keys),
+"""Predicted generation throughput, KV capacity and time to generate for vLLM scenarios,
 from the shipped generation model (models.generate_model) over the kernel composition (models.generate_compose)."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def default_model() -> GenerationModel:
 
 def predict_generation(scs: list[GenScenario], *, model: GenerationModel | None = None,
                        kernels=None) -> pl.DataFrame:
-    """Predicted throughput, KV capacity and time to generate, one row per scenario (issue 11's output keys)."""
+    """Predicted throughput, KV capacity and time to generate, one row per scenario (the output keys of docs/scenarios.md)."""
     model = model or default_model()
     comp = compose(scs, kernels=kernels)
     ok = comp["fits"].to_numpy()
