@@ -232,7 +232,7 @@ def predict(scenario: Scenario | dict, *, predictor: Path | str | None = None):
     from perfpredict.predictor.predict import predict as _predict
 
     if is_generate(scenario) or isinstance(scenario, GenScenario):
-        from perfpredict.predictor.generate import predict_generations
+        from perfpredict.predictor.generate.predict import predict_generations
 
         sc = scenario if isinstance(scenario, GenScenario) else GenScenario.from_dict(scenario)
         return predict_generations([sc])[0]
@@ -335,7 +335,7 @@ def predict_generation_file(*, path: Path | str, predictor: Path | str | None = 
     """A GenerationPrediction for every scenario of a generation scenario file, in order."""
     from perfpredict.core.generate import GenScenario
     from perfpredict.core.scenario import load_scenarios
-    from perfpredict.predictor.generate import load_generation_model, predict_generations
+    from perfpredict.predictor.generate.predict import load_generation_model, predict_generations
 
     scs = [GenScenario.from_dict(d) for d in load_scenarios(path)]
     return predict_generations(scs, model=load_generation_model(predictor))
@@ -357,8 +357,8 @@ def rank_generation(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, 
                     max_num_seqs: list[int] | None = None, kv_space_gib: float | None = None,
                     gpu_memory_utilization: float = 0.9, predictor: Path | str | None = None):
     """vLLM layouts (TP, PP, replicas, max_num_seqs) of a generation workload, best predicted throughput first."""
-    from perfpredict.predictor.generate import load_generation_model
-    from perfpredict.predictor.generate_rank import rank_generate
+    from perfpredict.predictor.generate.predict import load_generation_model
+    from perfpredict.predictor.generate.rank import rank_generate
 
     m, cluster, w = _generation_setup(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
                                       samples_per_prompt=samples_per_prompt, input_len=input_len,
@@ -374,7 +374,7 @@ def rank_iteration(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, p
                    samples_per_prompt: int = 1, input_len: int = 512, output_len: int = 512, precision: str = "bf16",
                    global_batch: int = 64, predictor: Path | str | None = None):
     """Splits of the devices between vLLM generation and DPO training for one online-DPO iteration, fastest first."""
-    from perfpredict.predictor.generate_rank import rank_iteration as _rank_iteration
+    from perfpredict.predictor.generate.rank import rank_iteration as _rank_iteration
 
     m, cluster, w = _generation_setup(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
                                       samples_per_prompt=samples_per_prompt, input_len=input_len,

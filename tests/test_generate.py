@@ -25,9 +25,9 @@ from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import kv_capacity
-from perfpredict.models.generate_compose import compose
-from perfpredict.predictor.generate import default_model
-from perfpredict.predictor.generate_rank import rank_generate
+from perfpredict.models.generate.compose import compose
+from perfpredict.predictor.generate.predict import default_model
+from perfpredict.predictor.generate.rank import rank_generate
 
 runner = CliRunner()
 TINY = ModelSpec(name="tiny", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=8192)
@@ -162,7 +162,7 @@ def test_the_one_vllm_run_on_another_cpu_host():
     KV capacity is exact there too; throughput is within a factor of 2 (17.6 predicted, 33.1 measured), the
     unmeasured host's interval [9.9, 30.8] stops just short of it: recorded, not tuned."""
     from perfpredict.core.dataset import on_measuring_host
-    from perfpredict.predictor.generate import predict_generation
+    from perfpredict.predictor.generate.predict import predict_generation
     from perfpredict.train.generate import scenario_of
 
     path = DATA / "ours" / "cpu-1c90fba71c" / "vllm-trial.parquet"
@@ -323,7 +323,7 @@ def test_evaluate_generate_cli():
 
 def test_generation_prediction_needs_no_torch(no_torch):
     from perfpredict.core.generate import GenScenario as GS
-    from perfpredict.predictor.generate import predict_generation
+    from perfpredict.predictor.generate.predict import predict_generation
 
     sc = GS.from_dict({"phase": "generate", "model": "llama-3.2-1b", "hardware": {"gpu": "a100-sxm-80gb", "gpus": 2},
                        "workload": {"prompts": 64, "input_len": 128, "output_len": 128}, "layout": {"tp": 1}})
@@ -333,7 +333,7 @@ def test_generation_prediction_needs_no_torch(no_torch):
 
 
 def test_emitted_offline_script_compiles(tmp_path):
-    from perfpredict.predictor.generate_rank import emit_vllm
+    from perfpredict.predictor.generate.rank import emit_vllm
 
     r = rank_generate(model=get_model("llama-3.1-8b"), cluster=Cluster(gpu=get_gpu("a100-sxm-80gb"), gpus_per_node=4),
                       workload=GenWorkload(prompts=100, input_len=256, output_len=256))
@@ -345,7 +345,7 @@ def test_emitted_offline_script_compiles(tmp_path):
 
 def test_emitted_vllm_loads_the_catalog_models_hf_id(tmp_path):
     """vLLM cannot load a catalog name: the launch and offline scripts name the Hugging Face id instead."""
-    from perfpredict.predictor.generate_rank import emit_vllm
+    from perfpredict.predictor.generate.rank import emit_vllm
 
     r = rank_generate(model=get_model("llama-3.1-8b"), cluster=Cluster(gpu=get_gpu("a100-sxm-80gb"), gpus_per_node=4),
                       workload=GenWorkload(prompts=100, input_len=256, output_len=256))

@@ -96,7 +96,7 @@ def generate_rank_cmd(
     from perfpredict.api import rank_generation
     from perfpredict.core.errors import PerfPredictError, check_int
     from perfpredict.core.paths import writable_dir
-    from perfpredict.predictor import generate_rank as gr
+    from perfpredict.predictor.generate import rank as gr
 
     check_int("--top", top, 1, 1 << 30)
     check_outputs(json_out=json_out, csv_out=csv_out, plot=plot)

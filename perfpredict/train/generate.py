@@ -23,11 +23,11 @@ from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.models.bundle import default_kernels
-from perfpredict.models.generate_compose import Schedule, compose, kernel_frame, kernel_rows
-from perfpredict.models.generate_model import GenerationModel
+from perfpredict.models.generate.compose import Schedule, compose, kernel_frame, kernel_rows
+from perfpredict.models.generate.model import GenerationModel
 
 CONFIG_KEYS = ("engine_key", "workload_index")
-CHOICES = ("CPU core-sharing constants (models.generate_model COMPUTE_EXTRA_CORES 0.5, HOST_EXTRA_CORES 3.0) chosen on "
+CHOICES = ("CPU core-sharing constants (models.generate.model COMPUTE_EXTRA_CORES 0.5, HOST_EXTRA_CORES 3.0) chosen on "
            "validation folds over the training shapes only (leave-one-shape-out and leave-one-layout-out); the "
            "held-out shapes are the untouched test partition; the held-out layout splits share layouts with those "
            "validation folds. Prefix-cache hits follow vLLM's rule (features.generate.prefix_cache_hit_tokens), "
@@ -216,7 +216,7 @@ def vidur_decode_layer_check(root: Path | str, *, tokens: tuple[int, ...] = (1, 
     """The GPU side of the decode step against Vidur's measured per-layer inference ops (shared/data/public/vidur,
     compute/<gpu>/<model>/mlp.csv: one layer's GEMMs, norms, rotary, activation and residual at num_tokens rows,
     per TP shard). Returns composed / measured per (gpu, model, tp, tokens): how far the layer part of
-    models.generate_compose's decode step is from a real serving stack's kernels at decode shapes (attention excluded:
+    models.generate.compose's decode step is from a real serving stack's kernels at decode shapes (attention excluded:
     Vidur's attention.csv files are not in the snapshot)."""
     root = Path(root)
     files = sorted(root.glob("data/profiling/compute/*/*/*/mlp.csv"))

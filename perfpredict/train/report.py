@@ -282,7 +282,7 @@ GEN_PROSE = """\
 ## Generation with vLLM
 
 Held out on measured vLLM runs (`perfpredict generate collect`, the CPU build of vLLM's V1 engine). Model choices
-(the CPU core-sharing constants in `perfpredict/models/generate_model.py`) are made on validation folds over the
+(the CPU core-sharing constants in `perfpredict/models/generate/model.py`) are made on validation folds over the
 training shapes only (leave-one-shape-out and leave-one-layout-out); the held-out shapes are the untouched test
 partition. The held-out layout rows are fitted without that layout, but the same layouts were validation folds.
 "Best within 5 %" counts cases where the predicted best layout measured within 5 % of the measured best; "within

@@ -1,4 +1,4 @@
-"""The generation model: the kernel composition (models.generate_compose) with engine overheads and a bounded
+"""The generation model: the kernel composition (models.generate.compose) with engine overheads and a bounded
 correction, fitted only on measured vLLM rows (train.generate) and used by predictor.generate.
 
 wall = a_dec x decode kernels + a_pre x prefill kernels + c_layer x steps x layers (compute, stretched on CPUs when
@@ -20,7 +20,7 @@ import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.models.bundle import default_path
-from perfpredict.models.generate_compose import GPU_STEP_OVERHEAD_S
+from perfpredict.models.generate.compose import GPU_STEP_OVERHEAD_S
 
 MODEL_DIR = default_path() / "generate"
 # CPU core sharing (2 cores, vLLM's front-end and scheduler processes float over them). A replica's compute (kernels,

@@ -1,5 +1,5 @@
 """Predicted generation throughput, KV capacity and time to generate for vLLM scenarios,
-from the shipped generation model (models.generate_model) over the kernel composition (models.generate_compose)."""
+from the shipped generation model (models.generate.model) over the kernel composition (models.generate.compose)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import polars as pl
 
 from perfpredict.core.generate import GenScenario
 from perfpredict.features.generate import default_max_num_seqs
-from perfpredict.models.generate_compose import compose
-from perfpredict.models.generate_model import MODEL_DIR, GenerationModel
+from perfpredict.models.generate.compose import compose
+from perfpredict.models.generate.model import MODEL_DIR, GenerationModel
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Generation time of a vLLM deployment composed from kernel predictions (the corrected model: models.generate_model).
+"""Generation time of a vLLM deployment composed from kernel predictions (the corrected model: models.generate.model).
 
 Per replica (replicas split the prompts evenly and run side by side; the slowest sets the wall time):
 1. Batching (vLLM V1's scheduler, simplified to the equal-length requests of preference-data generation): R =

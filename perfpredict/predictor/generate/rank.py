@@ -72,7 +72,7 @@ def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int]
 def rank_generate(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, max_num_seqs: list[int] | None = None,
                   gpu_memory_utilization: float = 0.9, kv_space_gib: float | None = None,
                   max_model_len: int | None = None, prefix_caching: bool = True, gen_model=None) -> GenRanking:
-    from perfpredict.predictor.generate import predict_generation
+    from perfpredict.predictor.generate.predict import predict_generation
 
     rej: Counter = Counter()
     lays = enumerate_layouts(model, cluster, max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
