@@ -7,6 +7,7 @@ package cannot slip past the rule. The checker is proved able to fail by a tree 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,50 @@ def test_checker_fails_on_a_bad_import(tmp_path, stage, file, source, expect):
     target.write_text(source)
     bad = violations(root)
     assert bad and expect in bad[0], bad
+
+
+COLLECTORS = {"probes", "harness", "trl", "vllm"}
+
+
+def _collect_parts(path: Path) -> list[tuple[int, str]]:
+    """(line, the part of perfpredict.collect imported: a top-level module or a collector subpackage)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "perfpredict.collect":
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("perfpredict.collect."):
+            out.append((node.lineno, node.module.split(".")[2]))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.split(".")[2]) for a in node.names if a.name.startswith("perfpredict.collect.")]
+    return out
+
+
+def test_collectors_share_only_collects_top_level_modules():
+    """A collector package (probes, harness, trl, vllm) imports collect's shared top-level modules, never another
+    collector."""
+    collect = PKG / "collect"
+    assert {d.name for d in collect.iterdir() if (d / "__init__.py").is_file()} == COLLECTORS
+    bad = []
+    for f in sorted(collect.rglob("*.py")):
+        rel = f.relative_to(collect)
+        own = rel.parts[0] if len(rel.parts) > 1 else None
+        bad += [f"{f.relative_to(PKG.parent)}:{line} imports perfpredict.collect.{part}"
+                for line, part in _collect_parts(f) if part in COLLECTORS and part != own]
+    assert not bad, "\n".join(bad)
+
+
+# `-m perfpredict.x.y` in a command list (`"-m", "perfpredict.x.y"`) or a usage line of a docstring.
+LAUNCH = re.compile(r"""-m["']?,?\s*["']?(perfpredict(?:\.\w+)+)""")
+
+
+def test_every_module_launched_by_path_exists():
+    seen, missing = set(), []
+    for f in sorted(PKG.rglob("*.py")):
+        for mod in LAUNCH.findall(f.read_text()):
+            seen.add(mod)
+            p = PKG.parent.joinpath(*mod.split("."))
+            if not (p.with_suffix(".py").is_file() or (p / "__main__.py").is_file()):
+                missing.append(f"{f.relative_to(PKG.parent)}: -m {mod}")
+    assert {"perfpredict.collect.harness.run_step", "perfpredict.collect.probes.comm_probe",
+            "perfpredict.collect.trl.worker", "perfpredict.collect.vllm.worker", "perfpredict.importers"} <= seen
+    assert not missing, "\n".join(missing)
