@@ -37,7 +37,7 @@ Sources read (cited as repo:path, the `search` tool's code/docs corpora):
   plain accelerate launch (one process, or DDP: accelerator.prepare wraps the model in DistributedDataParallel),
   `trl+deepspeed` ZeRO 0-3 with optimizer/param offload, `trl+fsdp` FSDP (zero 2/3); no TP/PP/CP. Measured by
   `perfpredict collect trl` and modelled by features/trl.py: `rank --framework trl` ranks all three.
-- perfpredict collect's harness (perfpredict/collect/parallel.py, torchtitan-like, PyTorch-native): DDP, FSDP2
+- perfpredict collect's harness (perfpredict/collect/harness/parallel.py, torchtitan-like, PyTorch-native): DDP, FSDP2
   (zero 2/3; zero 1 runs as 2), DTensor TP (+SP, not with MoE), 2-D TP x FSDP, torch.distributed.pipelining alone
   (tp = dp = 1) with GPipe or 1F1B and an even split; no CP, no offload. Its rows are recorded as framework "fsdp".
 """

@@ -240,7 +240,7 @@ def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
     will be equal to the total gradients size" (pytorch.org/docs torch.nn.parallel.DistributedDataParallel; PR
     pytorch/pytorch#41954 measured ~1 GB less peak for a ~1 GB-gradient model). Plans here: the PyTorch-native
     stack (framework fsdp) at zero 0 over dp > 1 without TP/PP, which collect runs as DDP
-    (perfpredict/collect/parallel.py strategy). Not FSDP (zero 2/3: gradients are sharded in place), not
+    (perfpredict/collect/harness/parallel.py strategy). Not FSDP (zero 2/3: gradients are sharded in place), not
     Megatron (its DDP accumulates into contiguous buffers the buckets are views of), not DeepSpeed (own reducer).
     Our CPU memory label cannot see these buckets (allocated in C++, outside the profiled step): for those rows the
     measured peak plus this term is the true peak.
