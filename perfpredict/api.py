@@ -151,7 +151,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
     if count_note is not None:
         notes.append(count_note)
     if r.fitting.height == 0:
-        tips = what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b)
+        tips = what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b, gpus_per_node=gpus_per_node)
         if tips:
             notes.append("nothing fits on this cluster. What would:")
             notes += ["  " + t for t in tips]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.formatting import num
 from perfpredict.core.hardware import Cluster, node_shape
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.schema import RANK_COLUMNS
@@ -83,7 +84,7 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
 
 
 def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
-                   bundle: Bundle | None = None) -> list[str]:
+                   bundle: Bundle | None = None, gpus_per_node: int | None = None) -> list[str]:
     """When nothing fits: which single change makes some plan fit (more GPUs, a precomputed or offloaded
     reference), each with the best plan it gives."""
     tips = []
@@ -93,10 +94,15 @@ def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, sp
                          replace(workload, reference="precomputed")))
         variants.append(("offload the reference model (--reference offloaded)", cluster,
                          replace(workload, reference="offloaded")))
+    # More GPUs as the one GPU-count rule builds them: fill the node first, then whole nodes.
+    per_node = max(gpus_per_node or 0, cluster.gpus_per_node)
     for mult in (2, 4, 8):
-        bigger = replace(cluster, nodes=cluster.nodes * mult) if cluster.nodes > 1 or cluster.gpus_per_node >= 8 \
-            else replace(cluster, gpus_per_node=cluster.gpus_per_node * mult)
-        variants.append((f"use {bigger.gpus} GPUs", bigger, workload))
+        try:
+            gpn, nodes = node_shape(cluster.gpus * mult, per_node)
+        except PerfPredictError:
+            continue
+        bigger = replace(cluster, gpus_per_node=gpn, nodes=nodes)
+        variants.append((f"use {bigger.gpus} GPUs ({nodes} node(s) of {gpn})", bigger, workload))
     for tip, cl, wl in variants:
         try:
             r = rank_plans(model=model, cluster=cl, workload=wl, space=space, bundle=bundle)
@@ -104,7 +110,8 @@ def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, sp
             continue
         if r.fitting.height:
             best = r.fitting.row(0, named=True)
-            tips.append(f"{tip}: best {best['plan']} at {best['samples_per_s']:.3g} samples/s, "
+            unit = "pairs" if wl.is_preference else "samples"
+            tips.append(f"{tip}: best {best['plan']} at {num(best['samples_per_s'])} {unit}/s, "
                         f"{best['peak_memory_gib']:.1f} GiB")
             if tip.startswith("use"):
                 break
@@ -137,8 +144,6 @@ EXPLAIN_PARTS = (("compute", "b_compute_s"), ("TP communication", "b_tp_comm_s")
 
 def explain(ranking: Ranking) -> str:
     """Why the best fitting plan beats the second, term by term (the `--explain` text)."""
-    from perfpredict.core.formatting import num
-
     df = ranking.fitting
     unit = "pairs" if ranking.workload.is_preference else "samples"
     if df.height < 2:

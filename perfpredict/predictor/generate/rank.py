@@ -19,7 +19,7 @@ import polars as pl
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.formatting import merge_counts, num
 from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
-from perfpredict.core.hardware import Cluster
+from perfpredict.core.hardware import Cluster, node_shape
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import default_max_num_seqs
 from perfpredict.features.plans import powers_of_two
@@ -247,9 +247,10 @@ def rank_iteration(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload,
     seq = workload.input_len + workload.output_len
     for g in range(1, G):
         t = G - g
-        gc = Cluster(gpu=cluster.gpu, gpus_per_node=min(cluster.gpus_per_node, g), nodes=-(-g // cluster.gpus_per_node))
-        tc = Cluster(gpu=cluster.gpu, gpus_per_node=min(cluster.gpus_per_node, t), nodes=-(-t // cluster.gpus_per_node))
-        if gc.gpus != g or tc.gpus != t:
+        try:  # each side is a cluster of its own under the one GPU-count rule
+            gc = Cluster(cluster.gpu, *node_shape(g, cluster.gpus_per_node))
+            tc = Cluster(cluster.gpu, *node_shape(t, cluster.gpus_per_node))
+        except PerfPredictError:
             continue
         try:
             gr = rank_generate(model=model, cluster=gc, workload=workload, gen_model=gen_model).fitting
