@@ -171,7 +171,7 @@ RUNTIME = {n: (c.runtime or n) for n, c in CAPABILITIES.items()}
 @dataclass(frozen=True)
 class Runtime:
     """How a distributed runtime behaves while it trains: the rules the descriptors (features.compute, .memory,
-    .trl), the composition (learn.compose) and emit read instead of testing runtime names. A framework's runtime is
+    .trl), the composition (models.compose) and emit read instead of testing runtime names. A framework's runtime is
     its Capability.runtime (trl+deepspeed runs DeepSpeed's); rows carry it as d_runtime.
 
     Bytes and dtypes: Megatron/nanotron keep fp32 main gradients and reduce them in fp32 and hold an fp32 master

@@ -20,12 +20,12 @@ PREFIXES = {
     "w_": "workload (core.workload: objective, sequence length, batch, reference ...)",
     "p_": "parallel plan (core.plan: tp, pp, dp, zero, micro-batch, framework ...)",
     "d_": "analytic descriptors (features): FLOPs, bytes, memory parts, analytic times",
-    "k_": "kernel composition (learn.compose): each part's composed seconds",
-    "kc_": "the canonical plan's composed step and its part shares (learn.compose)",
+    "k_": "kernel composition (models.compose): each part's composed seconds",
+    "kc_": "the canonical plan's composed step and its part shares (models.compose)",
     "oof_": "train: out-of-fold predictions of the learned models",
     "b_": "ranking: the predicted step time broken into parts (seconds)",
     "mem_": "ranking: the peak rank's predicted memory broken into parts (GiB)",
-    "f_": "learned models' derived features (learn.plan_model, learn.kernels)",
+    "f_": "learned models' derived features (models.plan_model, models.kernels)",
 }
 
 SCHEMA_VERSION = 1
