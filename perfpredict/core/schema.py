@@ -133,7 +133,7 @@ def trl_schema() -> dict[str, Any]:
     return {**runs_schema(), **TRL_COLUMNS}
 
 
-# The generation-runs table (collect generate: one vLLM engine session x workload per row).
+# The generation-runs table (generate collect: one vLLM engine session x workload per row).
 GENERATE_COLUMNS: dict[str, Any] = {
     "run_id": pl.Utf8, "group_id": pl.Utf8, "engine_key": pl.Utf8, "model_shape": pl.Utf8, "outcome": pl.Utf8,
     "error": pl.Utf8, "attempts": pl.Int64, "tp": pl.Int64, "pp": pl.Int64, "replicas": pl.Int64,

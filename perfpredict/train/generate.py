@@ -38,7 +38,7 @@ HELD_OUT_SHAPES = ("l4-h768-a12-kv4-v32k", "l12-h256-a4-kv4-v8k")
 def load_rows(root: Path | str = "datasets") -> pl.DataFrame:
     df = read_tables(root, "generate")
     if df.is_empty():
-        raise PerfPredictError(f"no generate*.parquet under {root}; collect some with `perfpredict collect generate`")
+        raise PerfPredictError(f"no generate*.parquet under {root}; collect some with `perfpredict generate collect`")
     return df
 
 

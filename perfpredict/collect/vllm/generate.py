@@ -1,4 +1,4 @@
-"""`perfpredict collect generate`: time the real vLLM engine generating, over model shapes and replica layouts.
+"""`perfpredict generate collect`: time the real vLLM engine generating, over model shapes and replica layouts.
 
 A *group* fixes a model shape, the engine knobs (max_num_seqs, KV space per rank, prefix caching) and a few
 workloads (prompts x samples-per-prompt, input and output lengths, a shared prefix); it is measured under each
@@ -406,7 +406,7 @@ def collect_generate(*, groups: int, out_dir: Path | str | None = None, seed: in
     sw["vllm"] = version
     prov["software"] = fpr.dumps(sw)
     console = stderr_console()
-    console.print(f"[bold]collect generate[/]: {len(plan)} groups, {len(sessions)} engine sessions, {total} rows "
+    console.print(f"[bold]generate collect[/]: {len(plan)} groups, {len(sessions)} engine sessions, {total} rows "
                   f"({total - left} already in {path}); vllm {sw['vllm']} via {python}")
     baseline = [calibration_baseline()]
     cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]

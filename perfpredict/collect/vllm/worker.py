@@ -1,4 +1,4 @@
-"""One vLLM engine (one replica) driven over stdin/stdout by `perfpredict collect generate`.
+"""One vLLM engine (one replica) driven over stdin/stdout by `perfpredict generate collect`.
 
     python -m perfpredict.collect.vllm.worker SPEC.json
 

@@ -142,7 +142,7 @@ class GenerationModel:
             meta = json.loads((path / "metadata.json").read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise PerfPredictError(f"no generation model at {path}: {e}; train it with "
-                                   "`perfpredict evaluate --phase generate --save`") from None
+                                   "`perfpredict generate evaluate --save`") from None
         if (meta.get("kind") != "perfpredict.generation" or meta.get("version") != SCHEMA_VERSION
                 or meta.get("features") != list(FEATURES)):
             raise PerfPredictError(f"{path} holds a generation model for other features; retrain it")

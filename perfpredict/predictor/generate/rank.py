@@ -241,7 +241,7 @@ def rank_iteration(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload,
 
     G = cluster.gpus
     if G < 2:
-        raise PerfPredictError("--phase iteration needs at least 2 devices (one for generation, one for training)")
+        raise PerfPredictError("iteration needs at least 2 devices (one for generation, one for training)")
     bundle = load_predictor(predictor)
     rows = []
     seq = workload.input_len + workload.output_len
