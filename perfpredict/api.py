@@ -355,7 +355,8 @@ def _generation_setup(*, model, gpu: str, gpus: int, gpus_per_node: int, prompts
 def rank_generation(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, prompts: int,
                     samples_per_prompt: int = 1, input_len: int = 512, output_len: int = 512, precision: str = "bf16",
                     max_num_seqs: list[int] | None = None, kv_space_gib: float | None = None,
-                    gpu_memory_utilization: float = 0.9, predictor: Path | str | None = None):
+                    gpu_memory_utilization: float = 0.9, kv_cache_dtype: str = "auto",
+                    predictor: Path | str | None = None):
     """vLLM layouts (TP, PP, replicas, max_num_seqs) of a generation workload, best predicted throughput first."""
     from perfpredict.predictor.generate.predict import load_generation_model
     from perfpredict.predictor.generate.rank import rank_generate
@@ -367,7 +368,8 @@ def rank_generation(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, 
         raise PerfPredictError("--kv-space-gib is VLLM_CPU_KVCACHE_SPACE, for CPU hosts; on GPUs the KV pool follows "
                                "--gpu-memory-utilization")
     return rank_generate(model=m, cluster=cluster, workload=w, max_num_seqs=max_num_seqs, kv_space_gib=kv_space_gib,
-                         gpu_memory_utilization=gpu_memory_utilization, gen_model=load_generation_model(predictor))
+                         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
+                         gen_model=load_generation_model(predictor))
 
 
 def rank_iteration(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, prompts: int,

@@ -363,3 +363,31 @@ def test_collect_generate_bad_input_is_one_line():
     assert r.exit_code == 2 and "unknown generate shape 'nope'" in r.output
     r = runner.invoke(app, ["generate", "collect", "--python", "/bin/false"])
     assert r.exit_code == 2 and "vLLM is not importable" in r.output
+
+
+def test_kv_cache_keeps_the_model_dtype_unless_told():
+    """vLLM's kv_cache_dtype "auto" is the model data type (vllm/config/cache.py); an FP8 checkpoint's model dtype
+    is bf16, so FP8 weights halve the weights, not the KV cache. --kv-cache-dtype fp8 halves the cache."""
+    m, h100 = get_model("llama-3.1-8b"), get_gpu("h100-sxm-80gb")
+    bf16 = kv_capacity(m, h100, tp=1, max_model_len=4096, dtype="bf16")
+    fp8w = kv_capacity(m, h100, tp=1, max_model_len=4096, dtype="fp8")
+    fp8kv = kv_capacity(m, h100, tp=1, max_model_len=4096, dtype="fp8", kv_cache_dtype="fp8")
+    assert fp8w.bytes_per_block == bf16.bytes_per_block == 2 * fp8kv.bytes_per_block
+    assert fp8w.weights_bytes < 0.6 * bf16.weights_bytes
+    assert fp8w.activation_bytes == bf16.activation_bytes
+    assert fp8kv.pool_tokens > 1.9 * fp8w.pool_tokens
+    with pytest.raises(PerfPredictError, match="kv_cache_dtype"):
+        GenLayout(kv_cache_dtype="int4")
+
+
+def test_emit_vllm_writes_the_kv_cache_dtype(tmp_path):
+    from perfpredict.predictor.generate.rank import emit_vllm
+
+    w = GenWorkload(prompts=100, input_len=256, output_len=256, precision="fp8")
+    cl = Cluster(gpu=get_gpu("h100-sxm-80gb"), gpus_per_node=2)
+    r = rank_generate(model=get_model("llama-3.1-8b"), cluster=cl, workload=w, kv_cache_dtype="fp8")
+    emit_vllm(r, out_dir=tmp_path)
+    assert json.loads((tmp_path / "vllm_layout.json").read_text())["llm_args"]["kv_cache_dtype"] == "fp8"
+    auto = rank_generate(model=get_model("llama-3.1-8b"), cluster=cl, workload=w)
+    emit_vllm(auto, out_dir=tmp_path / "auto")
+    assert "kv_cache_dtype" not in json.loads((tmp_path / "auto" / "vllm_layout.json").read_text())["llm_args"]

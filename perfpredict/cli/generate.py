@@ -83,6 +83,8 @@ def generate_rank_cmd(
     max_num_seqs: Annotated[list[int] | None, typer.Option(help="only these max_num_seqs (repeatable)")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's gpu_memory_utilization (GPUs)")] = 0.9,
     kv_space_gib: Annotated[float | None, typer.Option(help="VLLM_CPU_KVCACHE_SPACE per rank (CPU hosts only)")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option(help="vLLM's --kv-cache-dtype: auto (the model data type; bf16 for an "
+                                                     "FP8 checkpoint), fp8, fp8_e4m3, fp8_e5m2, bf16, fp16")] = "auto",
     top: TopOpt = 10,
     explain: ExplainOpt = False,
     json_out: JsonOpt = None,
@@ -109,7 +111,8 @@ def generate_rank_cmd(
     r = rank_generation(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
                         samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
                         precision=precision, max_num_seqs=max_num_seqs, kv_space_gib=kv_space_gib,
-                        gpu_memory_utilization=gpu_memory_utilization, predictor=predictor)
+                        gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
+                        predictor=predictor)
     f = r.fitting
     say(gr.headline(r))
     if f.height:

@@ -17,6 +17,7 @@ from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 def _from(cls, d: Any, what: str):
@@ -74,8 +75,12 @@ class GenLayout:
     max_model_len: int | None = None
     prefix_caching: bool = True
     max_num_batched_tokens: int | None = None
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype: auto (the model data type), fp8, fp8_e4m3, fp8_e5m2, ...
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise PerfPredictError(f"layout kv_cache_dtype {self.kv_cache_dtype!r} unknown; accepted: "
+                                   f"{', '.join(KV_CACHE_DTYPES)}")
         for f in ("tp", "replicas", "pp"):
             v = getattr(self, f)
             require(isinstance(v, int) and v > 0, f"layout {f} must be a positive integer, got {v!r}")
@@ -95,7 +100,8 @@ class GenLayout:
         return s + (f" mns{self.max_num_seqs}" if self.max_num_seqs else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # "auto" is vLLM's default: left out, like the None fields, so a layout's dict names only what was set.
+        return {k: v for k, v in asdict(self).items() if v is not None and not (k == "kv_cache_dtype" and v == "auto")}
 
     @classmethod
     def from_dict(cls, d: Any) -> GenLayout:

@@ -30,10 +30,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfpredict.core.errors import PerfPredictError, require
+from perfpredict.core.generate import KV_CACHE_DTYPES
 from perfpredict.core.hardware import GPUSpec
 from perfpredict.core.model import ModelSpec
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+# vLLM's --kv-cache-dtype (core.generate.KV_CACHE_DTYPES): "auto" uses the model data type (vllm/config/cache.py,
+# CacheConfig.cache_dtype: "Data type for kv cache storage. If 'auto', will use model data type"); fp8 (= fp8_e4m3)
+# and fp8_e5m2 store 1 byte per element.
+
+
+def activation_dtype(precision: str) -> str:
+    """The model data type vLLM computes activations in. An FP8 checkpoint quantises its weights only: its config's
+    torch_dtype (what `--dtype auto` picks) is bf16, so activations, the all-reduces and the "auto" KV cache stay
+    2 bytes per element."""
+    return "bf16" if precision == "fp8" else precision
+
+
+def kv_cache_dtype_of(precision: str, kv_cache_dtype: str = "auto") -> str:
+    """The dtype the KV cache is stored in: the model data type unless --kv-cache-dtype names one."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise PerfPredictError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; accepted: {', '.join(KV_CACHE_DTYPES)}")
+    if kv_cache_dtype == "auto":
+        return activation_dtype(precision)
+    return "fp8" if kv_cache_dtype.startswith("fp8") else kv_cache_dtype
 CPU_BLOCK_SIZE = 128
 GPU_BLOCK_SIZE = 16
 GIB = 2**30
@@ -112,7 +132,9 @@ class KVCapacity:
 def kv_capacity(m: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int = 1, max_model_len: int, max_num_seqs: int | None = None,
                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                 kv_cache_memory_bytes: int | None = None, kv_space_gib: float | None = None,
-                block_size: int | None = None, dtype: str = "bf16") -> KVCapacity:
+                block_size: int | None = None, dtype: str = "bf16", kv_cache_dtype: str = "auto") -> KVCapacity:
+    """The KV pool as vLLM sizes it. `dtype` is the weights' precision (fp8 for an FP8 checkpoint); activations
+    and the KV cache follow activation_dtype and kv_cache_dtype_of."""
     require(tp >= 1 and pp >= 1, f"tp and pp must be >= 1, got tp={tp} pp={pp}")
     require(max_model_len >= 1, f"max_model_len must be >= 1, got {max_model_len}")
     require(0 < gpu_memory_utilization <= 1, f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -122,7 +144,7 @@ def kv_capacity(m: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int = 1, max_model_l
     bs = block_size or default_block_size(gpu)
     mns = max_num_seqs or default_max_num_seqs(gpu, world)
     mbt = max_num_batched_tokens or default_max_num_batched_tokens(gpu, world)
-    per_block = kv_bytes_per_block(m, tp=tp, pp=pp, block_size=bs, dtype=dtype)
+    per_block = kv_bytes_per_block(m, tp=tp, pp=pp, block_size=bs, dtype=kv_cache_dtype_of(dtype, kv_cache_dtype))
     weights = weight_bytes_per_rank(m, tp=tp, pp=pp, dtype=dtype)
     act = 0.0
     if kv_cache_memory_bytes is not None:
@@ -130,7 +152,8 @@ def kv_capacity(m: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int = 1, max_model_l
     elif kv_space_gib is not None or gpu.is_cpu:
         avail = float(kv_space_gib if kv_space_gib is not None else 4.0) * GIB  # VLLM_CPU_KVCACHE_SPACE default 4
     else:
-        act = activation_peak_bytes(m, tp=tp, max_num_batched_tokens=mbt, max_num_seqs=mns, dtype=dtype)
+        act = activation_peak_bytes(m, tp=tp, max_num_batched_tokens=mbt, max_num_seqs=mns,
+                                    dtype=activation_dtype(dtype))
         requested = float(cdiv(int(gpu.memory_gib * GIB), 1) * gpu_memory_utilization)
         overhead = (NON_TORCH_GIB + (NCCL_GIB if world > 1 else 0.0) + CUDAGRAPH_GIB) * GIB
         avail = requested - weights - act - overhead

@@ -28,8 +28,10 @@ from perfpredict.core.generate import GenScenario
 from perfpredict.features.generate import (
     DTYPE_BYTES,
     KVCapacity,
+    activation_dtype,
     default_max_num_batched_tokens,
     default_max_num_seqs,
+    kv_cache_dtype_of,
     kv_capacity,
     kv_heads_per_rank,
     prefix_cache_hit_tokens,
@@ -89,7 +91,8 @@ def kernel_rows(sc: GenScenario, s: Schedule, idx: int) -> list[dict[str, Any]]:
     m, lay = sc.model, sc.layout
     tp, pp = lay.tp, lay.pp
     dt = sc.workload.precision
-    db = DTYPE_BYTES[dt]
+    db = DTYPE_BYTES[activation_dtype(dt)]  # activations, all-reduces, stage sends: the model data type
+    db_kv = DTYPE_BYTES[kv_cache_dtype_of(dt, lay.kv_cache_dtype)]
     hw = sc.cluster.gpu.name
     L = m.layers / pp
     f = m.expert_ffn * m.experts_per_token if m.is_moe else m.ffn
@@ -118,8 +121,8 @@ def kernel_rows(sc: GenScenario, s: Schedule, idx: int) -> list[dict[str, Any]]:
 
     # Decode: one step = pp micro-steps of batch B/pp (a pipeline keeps pp micro-batches in flight).
     b = max(1, round(s.batch / pp))
-    kv_read = b * s.ctx * 2 * kvr * m.head_dim * db
-    layer_ops("decode", b, pp, {"bytes": int(kv_read), "numel": int(kv_read // db)}, "copy")
+    kv_read = b * s.ctx * 2 * kvr * m.head_dim * db_kv
+    layer_ops("decode", b, pp, {"bytes": int(kv_read), "numel": int(kv_read // db_kv)}, "copy")
     add("decode", pp, "gemm", m=b, k=m.hidden, n=max(1, m.vocab // tp))
     if tp > 1:
         add("decode", pp, "all_gather", bytes=b * m.vocab // tp * 4, world_size=tp, ranks_per_node=rpn)
@@ -184,7 +187,7 @@ def compose(scs: list[GenScenario], *, kernels=None) -> pl.DataFrame:
                           max_num_seqs=lay.max_num_seqs, max_num_batched_tokens=lay.max_num_batched_tokens,
                           gpu_memory_utilization=lay.gpu_memory_utilization,
                           kv_cache_memory_bytes=lay.kv_cache_memory_bytes, kv_space_gib=lay.kv_space_gib,
-                          dtype=sc.workload.precision)
+                          dtype=sc.workload.precision, kv_cache_dtype=lay.kv_cache_dtype)
         caps.append(cap)
         s = schedule(sc, cap) if cap.fits else None
         scheds.append(s)

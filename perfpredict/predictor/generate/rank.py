@@ -38,6 +38,7 @@ class GenRanking:
     # The engine settings every layout was ranked with: --emit vllm writes these, not defaults.
     gpu_memory_utilization: float = 0.9
     kv_space_gib: float | None = None
+    kv_cache_dtype: str = "auto"
 
     @property
     def fitting(self) -> pl.DataFrame:
@@ -46,7 +47,7 @@ class GenRanking:
 
 def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int] | None = None,
                       gpu_memory_utilization: float = 0.9, kv_space_gib: float | None = None,
-                      max_model_len: int | None = None, prefix_caching: bool = True,
+                      max_model_len: int | None = None, prefix_caching: bool = True, kv_cache_dtype: str = "auto",
                       rej: Counter | None = None) -> list[GenLayout]:
     rej = rej if rej is not None else Counter()
     G = cluster.gpus
@@ -65,19 +66,21 @@ def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int]
                 out.append(GenLayout(tp=tp, pp=pp, replicas=reps, max_num_seqs=mns,
                                      gpu_memory_utilization=gpu_memory_utilization,
                                      kv_space_gib=kv_space_gib if cluster.gpu.is_cpu else None,
-                                     max_model_len=max_model_len, prefix_caching=prefix_caching))
+                                     max_model_len=max_model_len, prefix_caching=prefix_caching,
+                                     kv_cache_dtype=kv_cache_dtype))
     return out
 
 
 def rank_generate(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, max_num_seqs: list[int] | None = None,
                   gpu_memory_utilization: float = 0.9, kv_space_gib: float | None = None,
-                  max_model_len: int | None = None, prefix_caching: bool = True, gen_model=None) -> GenRanking:
+                  max_model_len: int | None = None, prefix_caching: bool = True, kv_cache_dtype: str = "auto",
+                  gen_model=None) -> GenRanking:
     from perfpredict.predictor.generate.predict import predict_generation
 
     rej: Counter = Counter()
     lays = enumerate_layouts(model, cluster, max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
                              kv_space_gib=kv_space_gib, max_model_len=max_model_len, prefix_caching=prefix_caching,
-                             rej=rej)
+                             kv_cache_dtype=kv_cache_dtype, rej=rej)
     if not lays:
         raise PerfPredictError(f"no layout of {cluster.gpus} devices is legal for {model.name}: "
                                + "; ".join(rej))
@@ -91,7 +94,8 @@ def rank_generate(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, 
     df = df.sort(["fits", "output_tokens_per_s"], descending=[True, True], nulls_last=True)
     df = df.with_columns(rank=pl.int_range(1, df.height + 1))
     return GenRanking(model=model, cluster=cluster, workload=workload, table=df, rejections=rej,
-                      gpu_memory_utilization=gpu_memory_utilization, kv_space_gib=kv_space_gib)
+                      gpu_memory_utilization=gpu_memory_utilization, kv_space_gib=kv_space_gib,
+                      kv_cache_dtype=kv_cache_dtype)
 
 
 # Numbers in a cause (activation GiB per max_num_seqs) do not make a rejection cause of their own.
@@ -165,6 +169,8 @@ def emit_vllm(r: GenRanking, *, model_id: str | None = None, out_dir: Path | str
             "dtype": "bfloat16" if w.precision == "bf16" else w.precision}
     if not cpu:
         args["gpu_memory_utilization"] = r.gpu_memory_utilization
+    if r.kv_cache_dtype != "auto":
+        args["kv_cache_dtype"] = r.kv_cache_dtype
     cli = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items() if not isinstance(v, bool))
     lines = ["#!/usr/bin/env bash", f"# perfpredict: {row['layout']} for {r.model.name} on {r.cluster.gpus} x "
              f"{r.cluster.gpu.name}; predicted {num(row['output_tokens_per_s'])} output tok/s in all", "set -euo pipefail",
