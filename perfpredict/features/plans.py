@@ -132,24 +132,24 @@ def _stage_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejection
     return () if len(set(split)) == 1 else split
 
 
-def _schedules(cap: Capability, base: Plan, model: ModelSpec, grad_accum: int, space: PlanSpace,
-               rej: Rejections) -> Iterator[tuple[str, int]]:
+def _schedules(cap: Capability, base: Plan, model: ModelSpec, grad_accum: int,
+               space: PlanSpace) -> list[tuple[str, int, str | None]]:
+    """(schedule, virtual stages, the tally of its refusal or None) for each schedule the framework has, in its
+    order: the caller counts a refusal at every combination it stops."""
     if base.pp == 1:
-        yield "1f1b", 1
-        return
+        return [("1f1b", 1, None)]
+    out: list[tuple[str, int, str | None]] = []
     for sched in cap.schedules:  # the framework's schedules, in its order
         if sched != "interleaved":
-            yield sched, 1
+            out.append((sched, 1, None))
             continue
         v = space.interleaved_stages
         probe = replace(base, schedule=sched, virtual_stages=v)
         # The layers-per-stage rule is counted before the micro-batch rule (refusal checks them the other way
         # round): the first probe runs a micro-batch count every pipeline accepts.
         r = refusal(replace(probe, grad_accum=base.pp), model) or refusal(replace(probe, grad_accum=grad_accum))
-        if r:
-            rej.add(r.tally)
-        else:
-            yield "interleaved", v
+        out.append(("interleaved", v, r.tally if r else None))
+    return out
 
 
 def _ep_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejections) -> tuple[int, ...]:
@@ -163,6 +163,19 @@ def _ep_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejections) 
         else:
             eps.append(e)
     return (1, *eps)
+
+
+def _offloads(base: Plan, zero: int, dp: int, offload: bool) -> list[tuple[bool, bool]] | None:
+    """(optimizer_offload, param_offload) pairs the framework runs at this ZeRO stage; None when the stage over one
+    data-parallel replica would shard nothing and no offload makes it worth running."""
+    at_zero = replace(base, zero=zero)
+    offload_ok = offload and refusal(replace(at_zero, optimizer_offload=True)) is None
+    if dp == 1 and zero > 0 and not offload_ok:
+        return None
+    offloads = [(True, False)] if dp == 1 and zero > 0 else [(False, False)] + ([(True, False)] if offload_ok else [])
+    if offload_ok and refusal(replace(at_zero, optimizer_offload=True, param_offload=True)) is None:
+        offloads.append((True, True))
+    return offloads
 
 
 def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
@@ -189,24 +202,27 @@ def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spac
                 rej.add("sequence parallel: seq_len not divisible by tp")
                 sps = (False,)
             eps = _ep_choices(cap, model, base, rej)
+            # What depends on neither the micro-batch nor the schedule is asked once per layout and framework;
+            # its rejections are still counted at every combination they stop, as before.
+            rc_refusals = {rc: refusal(replace(base, recompute=rc)) for rc in space.recompute}
+            offload_by_zero = {zero: _offloads(base, zero, dp, space.offload) for zero in zeros}
             for mb in space.micro_batches:
                 if per_replica % mb:
                     rej.add("micro-batch does not divide the per-replica batch")
                     continue
                 ga = per_replica // mb
+                schedules = _schedules(cap, base, model, ga, space)  # depends on the micro-batches, not the stage
                 for zero in zeros:
-                    at_zero = replace(base, zero=zero)
-                    offload_ok = space.offload and refusal(replace(at_zero, optimizer_offload=True)) is None
-                    if dp == 1 and zero > 0 and not offload_ok:
+                    offloads = offload_by_zero[zero]
+                    if offloads is None:
                         rej.add("zero over one data-parallel replica shards nothing (only worth it to offload)")
                         continue
-                    offloads: list[tuple[bool, bool]] = [(True, False)] if dp == 1 and zero > 0 else \
-                        [(False, False)] + ([(True, False)] if offload_ok else [])
-                    if offload_ok and refusal(replace(at_zero, optimizer_offload=True, param_offload=True)) is None:
-                        offloads.append((True, True))
-                    for schedule, v in _schedules(cap, base, model, ga, space, rej):
+                    for schedule, v, refused in schedules:
+                        if refused:
+                            rej.add(refused)
+                            continue
                         for rc in space.recompute:
-                            r = refusal(replace(base, recompute=rc))
+                            r = rc_refusals[rc]
                             if r:
                                 rej.add(r.tally)
                                 continue
