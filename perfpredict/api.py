@@ -141,13 +141,16 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
         return RankReport(ranking=r, notes=notes)
     cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
                            inter_node_bw=inter_node_bw)
-    count_note = gpu_count_note(model=m, cluster=cluster, workload=w, space=space, gpus_per_node=gpus_per_node)
     try:
         r = rank_plans(model=m, cluster=cluster, workload=w, space=space, bundle=b)
     except PerfPredictError as e:
+        count_note = gpu_count_note(model=m, cluster=cluster, workload=w, space=space, gpus_per_node=gpus_per_node)
         if count_note is None:
             raise
         raise PerfPredictError(f"{e}; {count_note}") from None
+    # The ranking's table holds every legal plan: the note need not enumerate them again.
+    count_note = gpu_count_note(model=m, cluster=cluster, workload=w, space=space, gpus_per_node=gpus_per_node,
+                                legal_plans=r.table.height)
     if count_note is not None:
         notes.append(count_note)
     if r.fitting.height == 0:
@@ -168,7 +171,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
 
 
 def gpu_count_note(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace,
-                   gpus_per_node: int) -> str | None:
+                   gpus_per_node: int, legal_plans: int | None = None) -> str | None:
     """Why a GPU count with a prime factor above 3 (5, 7, 10, 14, ...) ranks few plans: tp x pp x cp x dp must
     equal it, so every plan carries that factor in one degree, where heads, layers and the batch rarely divide by
     it. Compared with the nearest power-of-two count (plan enumeration alone is a fraction of a second), on the
@@ -189,7 +192,8 @@ def gpu_count_note(*, model: ModelSpec, cluster: Cluster, workload: Workload, sp
     other = Cluster(gpu=cluster.gpu, gpus_per_node=per_node, nodes=nodes,
                     intra_node_bw_gb_per_s=cluster.intra_node_bw_gb_per_s,
                     inter_node_bw_gb_per_s=cluster.inter_node_bw_gb_per_s)
-    here = sum(1 for _ in enumerate_plans(model, cluster, workload, space, Rejections()))
+    here = legal_plans if legal_plans is not None else sum(
+        1 for _ in enumerate_plans(model, cluster, workload, space, Rejections()))
     there = sum(1 for _ in enumerate_plans(model, other, workload, space, Rejections()))
     return f"{note} ({here} legal plans); {pow2} GPUs would have {there}"
 

@@ -151,7 +151,7 @@ PredictorOpt = Annotated[Path | None, typer.Option(help="a trained predictor fol
 EmitDirOpt = Annotated[Path, typer.Option(help="where --emit writes")]
 DataOpt = Annotated[Path, typer.Option(help="datasets folder (probes*.parquet and runs*.parquet under it)")]
 SeedOpt = Annotated[int, typer.Option(help="random seed (same data and seed give the same result)")]
-PromptsOpt = Annotated[int, typer.Option(help="prompts to generate for")]
+PromptsOpt = Annotated[int, typer.Option(help="prompts to generate for (each iteration, in `iteration`)")]
 SamplesOpt = Annotated[int, typer.Option(help="responses per prompt (vLLM's n)")]
 InputLenOpt = Annotated[int, typer.Option(help="prompt tokens")]
 OutputLenOpt = Annotated[int, typer.Option(help="tokens generated per response")]

@@ -49,6 +49,11 @@ def _generation(file: Path, json_out: str | None, predictor: Path | None) -> Non
     console.print(t)
 
 
+def _stable(d: dict) -> dict:
+    """The output keys README promises, in their order (a Prediction field added later is not an output key)."""
+    return {k: d[k] for k in PREDICT_KEYS}
+
+
 def _training(file: Path, json_out: str | None, predictor: Path | None) -> None:
     from perfpredict.api import predict_file_items
 
@@ -57,7 +62,7 @@ def _training(file: Path, json_out: str | None, predictor: Path | None) -> None:
     if len(answers) == 1 and bad and not json_out:
         raise PerfPredictError(bad[0].error)  # one scenario: its error is the whole answer
     if json_out:
-        lines = [json.dumps({k: p.to_dict()[k] for k in PREDICT_KEYS} | it.location()) if p is not None else
+        lines = [json.dumps(_stable(p.to_dict()) | it.location()) if p is not None else
                  json.dumps({"error": it.error, **it.location()}) for it, p in answers]
         write_text(json_out, "\n".join(lines) + "\n")
     else:

@@ -23,7 +23,7 @@ from perfpredict.cli._util import (
     write_text,
 )
 from perfpredict.core.console import stderr_console
-from perfpredict.core.formatting import pct
+from perfpredict.core.formatting import missing, pct
 
 TABLE_COLUMNS = (
     ("variant", "variant"), ("split", "split"), ("source", "source"), ("trl_mode", "TRL trainer x reference"),
@@ -51,7 +51,7 @@ def metrics_table(df: pl.DataFrame, title: str) -> Table:
         cells = []
         for col, _ in cols:
             v = r.get(col)
-            if v is None or (isinstance(v, float) and v != v):
+            if missing(v):
                 cells.append("-")
             elif isinstance(v, float):
                 cells.append(f"{v:.2f}" if col in PLAIN else pct(v))

@@ -8,9 +8,14 @@ from __future__ import annotations
 import math
 
 
+def missing(x: object) -> bool:
+    """None or NaN: shown as "-"."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def num(x: float | None) -> str:
     """A rate or count: 14,240 / 342 / 34.4 / 1.19 / 0.169."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if missing(x):
         return "-"
     a = abs(x)
     if a >= 100:
@@ -28,21 +33,26 @@ def num_range(lo: float | None, hi: float | None) -> str:
 
 def pct(x: float | None, decimals: int = 1) -> str:
     """A fraction as a percentage: 0.1234 -> 12.3%."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if missing(x):
         return "-"
     return f"{100 * x:.{decimals}f}%"
 
 
+def count(x: int | None) -> str:
+    """A whole number with grouped thousands: 5,334."""
+    return "-" if missing(x) else f"{int(x):,}"
+
+
 def seconds(s: float | None) -> str:
     """A duration given in seconds: 117 s / 2.1 min / 1.6 h."""
-    if s is None or (isinstance(s, float) and math.isnan(s)):
+    if missing(s):
         return "-"
     return f"{s:.0f} s" if s < 120 else (f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h")
 
 
 def hours(h: float | None) -> str:
     """A duration given in hours: 29 min / 1.0 h / 2.5 d."""
-    if h is None or (isinstance(h, float) and math.isnan(h)):
+    if missing(h):
         return "-"
     return f"{h * 60:.0f} min" if h < 1 else (f"{h:.1f} h" if h < 48 else f"{h / 24:.1f} d")
 

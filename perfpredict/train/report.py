@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.formatting import count, pct
+from perfpredict.core.formatting import missing as _missing
 from perfpredict.train.fit import DEFAULT_VARIANT
 
 # Splits in the order a reader meets them: the untouched test partition first, then the validation folds.
@@ -21,19 +23,6 @@ SPLIT_LABEL = {"largest": "largest (test)"}
 WIDTH_KEYS = ("time_interval_width", "mem_interval_width")
 
 Row = dict[str, Any]
-
-
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def pct(v: Any, digits: int = 1) -> str:
-    """A fraction as a percentage for people: 0.1234 -> "12.3%"; missing -> "-"."""
-    return "-" if _missing(v) else f"{100 * float(v):.{digits}f}%"
-
-
-def count(v: Any) -> str:
-    return "-" if _missing(v) else f"{int(v):,}"
 
 
 def plain(v: Any) -> str:
