@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -17,6 +18,9 @@ from perfpredict.core.scenario import Scenario, ScenarioItem, read_scenarios
 from perfpredict.core.workload import Workload
 from perfpredict.features.descriptors import describe
 from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
+
+if TYPE_CHECKING:
+    from perfpredict.predictor.ties import Tie
 
 
 def make_cluster(*, gpu: str, gpus: int, gpus_per_node: int = 8, intra_node_bw: float = 0.0,
@@ -378,20 +382,28 @@ def rank_generation(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, 
 
 def rank_iteration(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, prompts: int,
                    samples_per_prompt: int = 1, input_len: int = 512, output_len: int = 512, precision: str = "bf16",
-                   global_batch: int = 64, predictor: Path | str | None = None):
-    """Splits of the devices between vLLM generation and DPO training for one online-DPO iteration, fastest first."""
-    from perfpredict.predictor.generate.rank import rank_iteration as _rank_iteration
+                   global_batch: int = 64, seq_len: int | None = None, modes: tuple[str, ...] | None = None,
+                   predictor: Path | str | None = None):
+    """One online-DPO iteration (generate, hand the weights over, train) over every way of running it: colocated
+    (time-shared, with the engine's memory hand-over), split and split-async; fastest first. Returns an
+    IterationReport (table, headline, tie, explain)."""
+    from perfpredict.predictor.generate import iteration as it
+    from perfpredict.predictor.generate.predict import load_generation_model
 
     m, cluster, w = _generation_setup(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
                                       samples_per_prompt=samples_per_prompt, input_len=input_len,
                                       output_len=output_len, precision=precision)
-    df = _rank_iteration(model=m, cluster=cluster, workload=w, global_batch=global_batch, predictor=predictor)
-    return IterationReport(table=df, headline=(
-        f"online DPO on {cluster.gpus} x {cluster.gpu.name}: {prompts:,} prompts x {samples_per_prompt} samples, "
-        f"{input_len} in / {output_len} out, then DPO on one pair per prompt (live reference scores it)"))
+    if seq_len is not None:
+        check_int("seq_len", seq_len, 1, 1 << 20)
+    r = it.rank_iteration(model=m, cluster=cluster, workload=w, global_batch=global_batch, seq_len=seq_len,
+                          modes=tuple(modes) if modes else it.MODES, predictor=predictor,
+                          gen_model=load_generation_model(predictor))
+    return IterationReport(table=r.table, headline=it.headline(r), tie=r.tie, explain=it.explain(r))
 
 
 @dataclass(frozen=True)
 class IterationReport:
-    table: pl.DataFrame  # one row per split of the devices, fastest iteration first
+    table: pl.DataFrame  # one row per option (mode, split or memory hand-over), fastest iteration first
     headline: str
+    tie: Tie | None = None  # predictor.ties.Tie: the options tied with #1 within their 90 % intervals
+    explain: str = ""      # why #1 wins, term by term (`iteration --explain`)

@@ -120,6 +120,8 @@ def generate_rank_cmd(
         say(layout_table(f.head(top), f"top {min(top, f.height)} layouts by predicted output tokens/s"))
     if explain:
         say(gr.explain(r))
+    elif f.height:
+        say(gr.top_tie(r).sentence("output tok/s"))
     write_tables(r.table, json_out=json_out, csv_out=csv_out, top=top)
     if plot is not None:
         from perfpredict.predictor.plots import layouts_plot
@@ -135,19 +137,25 @@ def iteration_cmd(
     model: ModelOpt,
     gpu: GpuOpt,
     prompts: PromptsOpt,
-    gpus: Annotated[int, typer.Option(help="devices split between generation and training")] = 8,
+    gpus: Annotated[int, typer.Option(help="devices for the whole iteration (shared or split)")] = 8,
     gpus_per_node: GpusPerNodeOpt = 8,
     samples_per_prompt: SamplesOpt = 1,
     input_len: InputLenOpt = 512,
     output_len: OutputLenOpt = 512,
     precision: PrecisionOpt = "bf16",
     global_batch: GlobalBatchOpt = 64,
+    seq_len: Annotated[int | None, typer.Option(help="DPO tokens per sequence (prompt + response); default input "
+                                                     "+ output length")] = None,
+    mode: Annotated[list[str] | None, typer.Option(help="only these modes (repeatable): colocated, split, "
+                                                        "split-async")] = None,
     top: TopOpt = 10,
+    explain: ExplainOpt = False,
     json_out: JsonOpt = None,
     csv_out: CsvOpt = None,
     predictor: PredictorOpt = None,
 ) -> None:
-    """Online DPO: split the devices between vLLM generation and DPO training, fastest iteration first."""
+    """Online DPO: generate with vLLM, hand the weights over, train; colocated (time-shared, with the engine's
+    memory hand-over) and split layouts, fastest iteration first."""
     from perfpredict.api import rank_iteration
     from perfpredict.core.errors import check_int
 
@@ -156,14 +164,19 @@ def iteration_cmd(
     say = (lambda *a, **k: None) if machine_readable(json_out, csv_out) else console.print
     rep = rank_iteration(model=model, gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, prompts=prompts,
                          samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
-                         precision=precision, global_batch=global_batch, predictor=predictor)
+                         precision=precision, global_batch=global_batch, seq_len=seq_len,
+                         modes=tuple(mode) if mode else None, predictor=predictor)
     df = rep.table
     say(rep.headline)
-    t = Table("#", "generate on", "layout", "train on", "plan", "generate", "train", "iteration", "pairs/s")
+    t = Table("#", "option", "layout", "train plan", "generate", "sync", "train", "iteration [90%]", "pairs/s",
+              "idle", title=f"top {min(top, df.height)} options by predicted iteration time")
     for r in df.head(top).iter_rows(named=True):
-        t.add_row(str(r["rank"]), str(r["gen_devices"]), r["gen_layout"], str(r["train_devices"]), r["train_plan"],
-                  seconds(r["generate_s"]), seconds(r["train_s"]), seconds(r["iteration_s"]), num(r["pairs_per_s"]))
+        t.add_row(str(r["rank"]), r["option"], r["gen_layout"], r["train_plan"], seconds(r["generate_s"]),
+                  seconds(r["sync_s"]), seconds(r["train_s"]),
+                  f"{seconds(r['iteration_s'])} [{seconds(r['iteration_lo_s'])}-{seconds(r['iteration_hi_s'])}]",
+                  num(r["pairs_per_s"]), pct(r["idle_gpu_share"], 0))
     say(t)
+    say(rep.explain if explain else rep.tie.sentence("iteration time"))
     write_tables(df, json_out=json_out, csv_out=csv_out, top=top)
 
 

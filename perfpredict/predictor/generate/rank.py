@@ -1,4 +1,4 @@
-"""Rank vLLM layouts for the generation phase, emit what runs the best, and split GPUs for online DPO.
+"""Rank vLLM layouts for the generation phase and emit what runs the best (online DPO iterations: iteration.py).
 
 Layouts of G devices: TP t (dividing the attention heads, within a node), PP p (at most the layers), replicas
 G // (t x p) (every device used: an idle device never helps generation), max_num_seqs from the engine default and
@@ -19,10 +19,11 @@ import polars as pl
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.formatting import merge_counts, num
 from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
-from perfpredict.core.hardware import Cluster, node_shape
+from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import default_max_num_seqs
 from perfpredict.features.plans import powers_of_two
+from perfpredict.predictor.ties import Tie, comparison, tied_top
 
 MNS_CANDIDATES = (64, 256, 1024)
 CPU_KV_SPACE_DEFAULT_GIB = 4  # vLLM's VLLM_CPU_KVCACHE_SPACE default, what features.generate sizes the pool with
@@ -117,6 +118,7 @@ def explain(r: GenRanking) -> str:
     if f.height == 0:
         return "no layout fits: " + "; ".join(merge_counts(r.rejections.most_common(3)))
     a = f.row(0, named=True)
+    tie = top_tie(r)
     lines = [f"#1 {a['layout']}: {num(a['output_tokens_per_s'])} output tok/s "
              f"({num(a['output_tokens_per_s_per_gpu'])} per device), KV {a['kv_capacity_tokens']:,} tokens per replica, "
              f"weights {a['weights_gib_per_rank']:.1f} GiB per device, decode batch ~{a['decode_batch']:.0f}"]
@@ -134,12 +136,20 @@ def explain(r: GenRanking) -> str:
             why = "fewer sequences per pipeline micro-batch or more stage sends per token"
         else:
             why = "smaller GEMMs per device at the same batch"
+        gain = 100 * (a['output_tokens_per_s'] / b['output_tokens_per_s'] - 1)
         lines.append(f"vs {b['layout']}: {num(b['output_tokens_per_s'])} tok/s "
-                     f"({100 * (a['output_tokens_per_s'] / b['output_tokens_per_s'] - 1):+.0f}% for #1); "
+                     f"({comparison(tie, b['layout'], gain)}); "
                      f"KV {b['kv_capacity_tokens']:,} per replica, batch ~{b['decode_batch']:.0f}: {why}")
+    lines.append(tie.sentence("output tok/s"))
     if r.rejections:
         lines.append("not run: " + "; ".join(merge_counts(r.rejections.most_common(4))))
     return "\n".join(lines)
+
+
+def top_tie(r: GenRanking) -> Tie:
+    """The layouts tied with #1 within their 90 % throughput intervals, and the knobs that differ among them."""
+    return tied_top(r.fitting, value="output_tokens_per_s", lo="output_tokens_per_s_interval", label="layout",
+                    knobs=("tp", "pp", "replicas", "max_num_seqs"))
 
 
 # --- emit ---------------------------------------------------------------------------------------------------------
@@ -232,57 +242,6 @@ if __name__ == "__main__":
     for p in procs:
         p.join()
 '''
-
-
-# --- online DPO: split the devices between generation and training ------------------------------------------------
-def rank_iteration(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, global_batch: int = 64,
-                   gen_model=None, predictor=None) -> pl.DataFrame:
-    """For each split of the G devices (g for generation, G - g for DPO training with a live reference that scores
-    the pairs), the best layout of each side and the time of one synchronous iteration: generate prompts x k
-    samples, then train on one pair per prompt (seq = input + output)."""
-    from perfpredict.core.workload import Workload
-    from perfpredict.features.plans import PlanSpace
-    from perfpredict.predictor.predict import load_predictor
-    from perfpredict.predictor.rank import rank_plans
-
-    G = cluster.gpus
-    if G < 2:
-        raise PerfPredictError("iteration needs at least 2 devices (one for generation, one for training)")
-    bundle = load_predictor(predictor)
-    rows = []
-    seq = workload.input_len + workload.output_len
-    for g in range(1, G):
-        t = G - g
-        try:  # each side is a cluster of its own under the one GPU-count rule
-            gc = Cluster(cluster.gpu, *node_shape(g, cluster.gpus_per_node))
-            tc = Cluster(cluster.gpu, *node_shape(t, cluster.gpus_per_node))
-        except PerfPredictError:
-            continue
-        try:
-            gr = rank_generate(model=model, cluster=gc, workload=workload, gen_model=gen_model).fitting
-        except PerfPredictError:
-            continue
-        if gr.height == 0:
-            continue
-        gb = min(global_batch, workload.prompts)
-        w = Workload(objective="dpo", seq_len=seq, global_batch=gb, dataset_size=workload.prompts,
-                     precision=workload.precision, reference="live")
-        try:
-            tr = rank_plans(model=model, cluster=tc, workload=w, space=PlanSpace(), bundle=bundle).fitting.head(1)
-        except PerfPredictError:
-            continue
-        if tr.height == 0:
-            continue
-        best_g, best_t = gr.row(0, named=True), tr.row(0, named=True)
-        gen_s = best_g["time_to_generate_s"]
-        train_s = workload.prompts / best_t["samples_per_s"]
-        rows.append({"gen_devices": g, "train_devices": t, "gen_layout": best_g["layout"],
-                     "train_plan": best_t["plan"], "generate_s": gen_s, "train_s": train_s,
-                     "iteration_s": gen_s + train_s, "pairs_per_s": workload.prompts / (gen_s + train_s)})
-    if not rows:
-        raise PerfPredictError("no split of the devices fits both a generation layout and a training plan")
-    df = pl.DataFrame(rows).sort("iteration_s")
-    return df.with_columns(rank=pl.int_range(1, df.height + 1))
 
 
 def to_jsonable(df: pl.DataFrame) -> list[dict[str, Any]]:
