@@ -26,6 +26,7 @@ from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import kv_capacity
 from perfpredict.models.generate.compose import compose
+from perfpredict.models.generate.model import CPU_REPLICA_NOISE_LOG10
 from perfpredict.predictor.generate.predict import default_model
 from perfpredict.predictor.generate.rank import rank_generate
 
@@ -155,6 +156,20 @@ def test_unmeasured_cpu_host_gets_no_correction_and_a_wider_interval():
     wall, lo, hi = model.predict_wall(comp)
     assert wall[1] == pytest.approx(model.base(comp)[1])
     assert np.log(hi[1] / lo[1]) == pytest.approx(3 * np.log(hi[0] / lo[0]))
+
+
+def test_two_replica_cpu_layouts_carry_their_repeat_noise_in_the_interval():
+    """Issue 20 item 6: two replicas sharing the cores repeat run to run within +-21 % (p90), so their interval is
+    wider than a one-replica layout's by that noise in quadrature; the point prediction is unchanged by it."""
+    model = default_model()
+    m = ModelSpec(name="l4", layers=4, hidden=256, heads=4, kv_heads=2, ffn=688, vocab=8192)
+    scs = [GenScenario(model=m, cluster=Cluster(gpu=get_gpu("cpu"), gpus_per_node=2),
+                       workload=GenWorkload(prompts=32, input_len=128, output_len=64),
+                       layout=GenLayout(tp=1, replicas=r, kv_space_gib=1.0)) for r in (1, 2)]
+    wall, lo, hi = model.predict_wall(compose(scs))
+    one, two = np.log10(hi[0] / lo[0]), np.log10(hi[1] / lo[1])
+    assert two > one + 0.05
+    assert np.log10(hi[1] / wall[1]) == pytest.approx(np.hypot(np.log10(hi[0] / wall[0]), CPU_REPLICA_NOISE_LOG10))
 
 
 def test_the_one_vllm_run_on_another_cpu_host():
@@ -316,12 +331,44 @@ def test_property_kv_starved_models_prefer_higher_tp(m, frac, gpu, mns, prompts,
     assert f["tp"][0] > 1, f.select("layout", "output_tokens_per_s", "decode_batch").rows()
 
 
-def test_evaluate_generate_cli():
-    r = runner.invoke(app, ["generate", "evaluate", "--data", str(DATA)])
+def test_evaluate_generate_cli(tmp_path):
+    out = tmp_path / "eval.json"
+    r = runner.invoke(app, ["generate", "evaluate", "--data", str(DATA), "--json", str(out)])
     if "no generate" in r.output:
         pytest.skip("no generate rows committed")
     assert r.exit_code == 0, r.output
-    assert "KV capacity vs the engine's log line" in r.output and "held-out" in r.output
+    res = json.loads(out.read_text())
+    splits = {s["split"].split(" (")[0]: s for s in res["splits"]}
+    # Issue 20 item 6: on our held-out CPU vLLM rows the predicted best layout does not lose to the rule of thumb
+    # (smallest TP that fits, then replicas) once the measurement's own repeat noise is allowed for...
+    for s in splits.values():
+        assert s["best_within_noise"] >= s["rule_best_within_noise"], s["split"]
+    for name in ("held-out layout TP1 x2", "held-out layout TP2 x1", "held-out layout TP1 x1"):
+        s = splits[name]
+        assert s["best_within_5pct"] >= s["rule_best_within_5pct"] and s["mean_regret"] <= s["rule_mean_regret"]
+    # ...but on the 8 held-out-shape cases it trails the rule within 5 % (50 % vs 75 %; regret 8.3 % vs 7.8 %). The
+    # repeats bound that comparison: labelling each configuration by one of its own repeats instead of their median
+    # moves the prediction's share over 25-62 % and the rule's over 38-75 % (asserted as reached, not a target).
+    shapes = splits["held-out shapes"]
+    rr = shapes["repeat_resampled"]
+    assert shapes["best_within_5pct"] >= 0.5 and rr["pred_within_5pct_hi"] >= rr["rule_within_5pct_lo"]
+
+
+def test_two_replica_noise_constant_is_what_the_repeats_show():
+    """models.generate.model.CPU_REPLICA_NOISE_LOG10: p90 of |ln(repeat / mean)| over two-replica configurations."""
+    from perfpredict.core.dataset import OTHER_LOAD_MAX_CORES
+    from perfpredict.train.generate import cold_prefix_cache, load_rows
+
+    try:
+        raw = load_rows(DATA)
+    except PerfPredictError:
+        pytest.skip("no generate rows committed")
+    ok = cold_prefix_cache(raw.filter((pl.col("outcome") == "ok") & (pl.col("other_load_cores") <= OTHER_LOAD_MAX_CORES)))
+    g = (ok.filter(pl.col("replicas") > 1).group_by("engine_key", "workload_index")
+         .agg(pl.col("output_tokens_per_s").log().alias("l")).filter(pl.col("l").list.len() >= 2))
+    dev = g.select(pl.col("l").list.eval((pl.element() - pl.element().mean()).abs().max()).list.first()).to_series()
+    assert dev.len() >= 30
+    assert float(dev.quantile(0.9)) / np.log(10) == pytest.approx(CPU_REPLICA_NOISE_LOG10, rel=0.05)
 
 
 def test_generation_prediction_needs_no_torch(no_torch):

@@ -200,12 +200,23 @@ def generate_evaluate_cmd(
     say(f"KV capacity vs the engine's log line, {kv['engines']} engines: max error {pct(kv['max_rel_err'], 2)}, "
         f"mean {pct(kv['mean_rel_err'], 2)}")
     t = Table("held out", "train", "test", "MAPE", "median APE", "MAPE w/o correction", "best layout", "within 5%",
-              "within noise", "regret", "cases", title="output tokens/s on held-out vLLM runs")
+              "within noise", "regret", "rule: best", "within 5%", "regret", "cases",
+              title="output tokens/s on held-out vLLM runs; layout choice beside the rule of thumb (smallest TP that "
+                    "fits, then replicas)")
     for s in res["splits"]:
         t.add_row(s["split"], f"{s['train_rows']:,}", f"{s['test_rows']:,}", pct(s["mape"]), pct(s["median_ape"]),
                   pct(s["mape_without_correction"]), pct(s["best_exact"], 0), pct(s["best_within_5pct"], 0),
-                  pct(s["best_within_noise"], 0), pct(s["mean_regret"]), str(s["cases"]))
+                  pct(s["best_within_noise"], 0), pct(s["mean_regret"]), pct(s.get("rule_best_exact"), 0),
+                  pct(s.get("rule_best_within_5pct"), 0), pct(s.get("rule_mean_regret")), str(s["cases"]))
     say(t)
+    for s in res["splits"]:
+        rr = s.get("repeat_resampled")
+        if rr:
+            say(f"{s['split']}, each configuration labelled by one of its own repeats ({rr['draws']:,} draws): best "
+                f"within 5 % {pct(rr['pred_within_5pct_mean'], 0)} [{pct(rr['pred_within_5pct_lo'], 0)}-"
+                f"{pct(rr['pred_within_5pct_hi'], 0)}] predicted vs {pct(rr['rule_within_5pct_mean'], 0)} "
+                f"[{pct(rr['rule_within_5pct_lo'], 0)}-{pct(rr['rule_within_5pct_hi'], 0)}] by the rule; the "
+                f"prediction does at least as well in {pct(rr['pred_not_worse_share'], 0)} of draws")
     if "vidur_decode_layer" in res:
         t = Table("gpu", "layers x tp x tokens", "median composed/measured", "mean |error|", "p90 |error|",
                   title="GPU decode layer (GEMMs, norms, activation, residual) vs Vidur's per-op profiles "
