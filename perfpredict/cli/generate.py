@@ -199,6 +199,11 @@ def generate_evaluate_cmd(
     kv = res["kv_capacity"]
     say(f"KV capacity vs the engine's log line, {kv['engines']} engines: max error {pct(kv['max_rel_err'], 2)}, "
         f"mean {pct(kv['mean_rel_err'], 2)}")
+    g = res.get("kv_capacity_gpu_logged")
+    if g:
+        say(f"KV capacity vs vLLM-logged GPU figures ({g['rows']} rows, datasets/public/vllm_logged_kv): "
+            f"{g['within_2pct']} within 2 %, median error {pct(g['median_rel_err'], 2)}, worst "
+            f"{pct(g['max_rel_err'])} ({g['worst']})")
     t = Table("held out", "train", "test", "MAPE", "median APE", "MAPE w/o correction", "best layout", "within 5%",
               "within noise", "regret", "rule: best", "within 5%", "regret", "cases",
               title="output tokens/s on held-out vLLM runs; layout choice beside the rule of thumb (smallest TP that "

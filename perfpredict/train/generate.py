@@ -25,6 +25,7 @@ from perfpredict.core.model import ModelSpec
 from perfpredict.models.bundle import default_kernels
 from perfpredict.models.generate.compose import Schedule, compose, kernel_frame, kernel_rows
 from perfpredict.models.generate.model import GenerationModel
+from perfpredict.train.kv_logged import LOGGED_KV, check_logged_kv
 
 CONFIG_KEYS = ("engine_key", "workload_index")
 CHOICES = ("CPU core-sharing constants (models.generate.model COMPUTE_EXTRA_CORES 0.5, HOST_EXTRA_CORES 3.0) chosen on "
@@ -228,6 +229,13 @@ def evaluate(root: Path | str = "datasets", *, seed: int = 0) -> dict[str, Any]:
                            "mean_rel_err": float(kv_err.mean())},
            "rows": raw.height, "configs": comp.height, "ok_rows": raw.filter(pl.col("outcome") == "ok").height,
            "repeat_cv_median": full.training_["repeat_cv_median"], "model": full}
+    if (Path(root) / LOGGED_KV).is_file():
+        chk = check_logged_kv(root).filter(pl.col("label_kind") != "started")
+        worst = chk.sort(pl.col("rel_err").abs(), descending=True).row(0, named=True)
+        res["kv_capacity_gpu_logged"] = {
+            "rows": chk.height, "within_2pct": int((chk["rel_err"].abs() <= 0.02).sum()),
+            "max_rel_err": abs(worst["rel_err"]), "worst": worst["row_id"],
+            "median_rel_err": float(chk["rel_err"].abs().median())}
     vidur = vidur_root(root)
     if vidur is not None:
         res["vidur_decode_layer"] = vidur_decode_layer_summary(vidur)
