@@ -158,3 +158,13 @@ def test_iteration_cli_modes_seq_len_json():
     assert rows[0]["iteration_s"] == min(x["iteration_s"] for x in rows)
     bad = _cli("--mode", "pipelined")
     assert bad.exit_code == 2 and "unknown iteration mode" in bad.output and "Traceback" not in bad.output
+
+
+def test_generate_rank_says_tied_or_names_a_separated_winner():
+    r = runner.invoke(app, ["generate", "rank", "--model", "llama-3.2-1b", "--gpu", "h100-sxm-80gb", "--gpus", "4",
+                            "--prompts", "256", "--input-len", "128", "--output-len", "128"])
+    assert r.exit_code == 0, r.output
+    assert "tied: " in r.output or " is best: " in r.output
+    e = runner.invoke(app, ["generate", "rank", "--model", "llama-3.2-1b", "--gpu", "h100-sxm-80gb", "--gpus", "4",
+                            "--prompts", "256", "--input-len", "128", "--output-len", "128", "--explain"])
+    assert e.exit_code == 0 and ("tied: " in e.output or " is best: " in e.output)
