@@ -395,9 +395,11 @@ def rank_iteration(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, p
                                       output_len=output_len, precision=precision)
     if seq_len is not None:
         check_int("seq_len", seq_len, 1, 1 << 20)
+    # --predictor names the training predictor; its generation model is used when the folder has one (generate/).
+    has_gen = predictor is not None and (Path(predictor) / "generate" / "metadata.json").is_file()
     r = it.rank_iteration(model=m, cluster=cluster, workload=w, global_batch=global_batch, seq_len=seq_len,
                           modes=tuple(modes) if modes else it.MODES, predictor=predictor,
-                          gen_model=load_generation_model(predictor))
+                          gen_model=load_generation_model(predictor if has_gen else None))
     return IterationReport(table=r.table, headline=it.headline(r), tie=r.tie, explain=it.explain(r))
 
 
