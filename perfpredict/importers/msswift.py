@@ -1,0 +1,84 @@
+"""ms-swift's example scripts: measured GPU memory and s/it in their header comments (transcribed rows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from perfpredict.importers.common import Upstream
+from perfpredict.importers.transcribed import Transcribed
+from perfpredict.importers.transcribed import run as run_transcribed
+
+UPSTREAM = Upstream(folder="msswift_examples", repo="modelscope/ms-swift",
+                    commit="3602360a562313afbf2ef6065fdf61f271a2c5b9",
+                    # the commit the scripts were read at; each row's collected_at is its header line's git-blame date
+                    date="2026-08-22", license="Apache-2.0",
+                    software={"framework": "ms-swift (swift sft on transformers + DeepSpeed; megatron sft on "
+                                           "Megatron-LM)", "dtype": "bf16"})
+
+SECTION = """\
+# ms-swift example scripts: measured memory and s/it (GPU fine-tuning)
+
+What: ms-swift (ModelScope's fine-tuning framework) ships example launch scripts whose header comments give what
+the authors measured when they ran them: per-GPU memory and training speed (s/it), sometimes the GPU type. The
+rows here are those headers, transcribed by hand into `transcribed.csv` (no code copied), each with the script
+path, its lines and the commit it was read at (github.com/modelscope/ms-swift @ 3602360a562313afbf2ef6065fdf61f271a2c5b9,
+2026-08-22), the quoted text, and the plan the script runs. License: Apache-2.0 (the repository's LICENSE).
+Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.py) into `runs.parquet`.
+
+## Plan fields (from each script's flags; defaults from ms-swift's code)
+
+- `swift sft` runs transformers' Trainer: framework `deepspeed` with `--deepspeed zero3` -> zero 3 over data
+  parallelism (dp = NPROC_PER_NODE), micro_batch = `--per_device_train_batch_size`, grad_accum =
+  `--gradient_accumulation_steps`, global batch = micro_batch x grad_accum x dp. Gradient checkpointing is on by
+  default (swift/trainers/arguments.py: `gradient_checkpointing: bool = True`): recompute `full` (HF checkpoints
+  whole decoder layers).
+- `megatron sft` runs Megatron-LM: framework `megatron`, tp = `--tensor_model_parallel_size`, sequence parallel as
+  given, dp = GPUs / tp, micro_batch = `--micro_batch_size`, grad_accum = global_batch_size / (micro_batch x dp),
+  recompute `full` for `--recompute_granularity full` (uniform, 1 layer), zero 1 (ms-swift's default
+  `use_distributed_optimizer: bool = True`, swift/megatron/arguments/megatron_args.py; at dp 1 it shards nothing).
+- seq_len: only packed runs are imported (`--packing true`): ms-swift packs samples into sequences of up to
+  `max_length` tokens (packing_length defaults to max_length, swift/arguments/base_args/base_args.py), so each
+  micro-batch is one pack of about `max_length` tokens. Unpacked runs train dataset samples of unknown length and
+  are left out (their memory and speed belong to lengths nobody published).
+- Objective `sft`, bf16 (`--torch_dtype bfloat16`), full-parameter training (`--tuner_type full`).
+- GPU: "A100" in the headers is read as `a100-sxm-80gb` (the rows peak at 42-54 GB, above a 40 GB A100's
+  capacity; PCIe vs SXM is not stated).
+
+## Units and labels
+
+- Memory: ms-swift logs `memory(GiB)` = `torch.cuda.max_memory_reserved() / 1024**3`, the maximum over the
+  rank's devices (swift/utils/torch_utils.py get_max_reserved_memory; the Megatron path takes the maximum over the
+  model-parallel group, swift/megatron/callbacks/print.py). The headers write "GB" or "GiB" for the same figure; it
+  is stored as GiB in `peak_memory_gib` and `peak_reserved_gib`, memory_kind `reported`: it is the allocator's
+  reserved peak, above the tensors' allocated peak by the caching allocator's slack (fragmentation is small with
+  `expandable_segments`, which only some scripts set).
+- Step time: `train_speed(s/it)` is seconds per optimizer step (one global batch). tokens_per_s = global batch x
+  seq_len / step time (packs taken as full).
+- Rows whose header gives a total wall time instead of s/it (`liger/sft.sh`) are memory-only: the number of packs,
+  hence of steps, is not published.
+
+## Caveats
+
+- A header is one number from one run, often rounded (10 s/it, 42 GB); the ms-swift, transformers, DeepSpeed and
+  torch versions are not stated (collected_at is the date the header line was written, from git blame).
+- The same plan was published with a different memory over time: `packing/liger_kernel.sh` (then
+  `long_text/zero3.sh`) said "4 * 56GB, 10s/it" at 9d09048d80 (2025-04-11) and "4 * 42GB" from e3f270866a
+  (2025-05-08, "fix sequence_parallel"). The later figure is imported; the change shows how much version drift
+  moves these labels.
+- Liger-Kernel (`--use_liger_kernel true`) fuses the LM head with the cross entropy, so the full logits are never
+  materialised; the plan schema has no field for it (the `kernels` column and the row note say so). The
+  `liger/sft.sh` pair (42 vs 54 GB, same plan otherwise) measures exactly that difference.
+- Packs are "about" max_length: the last pack of an epoch and packs the bin-packer could not fill are shorter.
+
+## Not imported
+
+LoRA rows (the plan schema has no adapter training), rows on H20 (not in the GPU catalog), rows whose GPU type is
+not stated (including the DPO ZeRO-3 full fine-tuning in `rlhf/dpo/full.sh`), unpacked rows, Ulysses/ring
+sequence-parallel rows and multimodal rows: each is listed below with its reason.
+"""
+
+SPEC = Transcribed(upstream=UPSTREAM, module="msswift", section=SECTION)
+
+
+def run(folder_root: Path, out_root: Path) -> dict[str, int]:
+    return run_transcribed(folder_root, out_root, SPEC)
