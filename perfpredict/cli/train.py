@@ -90,6 +90,9 @@ def evaluate_cmd(
     source: Annotated[list[str] | None, typer.Option(help="only these sources' runs and their hardware's probes "
                                                           "(repeat), e.g. ours-cpu + ours-cpu-trl")] = None,
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
+    held_out_source: Annotated[list[str] | None, typer.Option(
+        help="score the shipped predictor on whole sources it was not trained on (repeat), per source and per "
+             "model, without refitting; e.g. msswift_examples, nemo_automodel")] = None,
     json_out: JsonOpt = None,
 ) -> None:
     """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, and the
@@ -102,6 +105,17 @@ def evaluate_cmd(
     check_outputs(json_out=json_out, plot=plot)
     splits, variants = check_selection(splits=split, variants=variant)
     say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
+    if held_out_source:
+        from perfpredict.train.evaluate import held_out_sources
+
+        res = held_out_sources(data=data, sources=tuple(held_out_source))
+        say(metrics_table(res["metrics"], "shipped predictor on sources it never saw (split 'source': per source; "
+                                          "'source:model': per model)"))
+        if json_out:
+            write_text(json_out, json.dumps(res["metrics"].to_dicts(), indent=1, default=str))
+        if plot is not None:
+            say(f"plot: {plot_predicted_vs_measured(res['predictions'], plot)}")
+        return
     with _progress(quiet=machine_readable(json_out)) as prog:
         task = prog.add_task("evaluating", total=None)
         res = evaluate(data=data, seed=seed, splits=splits, variants=variants, subset=subset or None,

@@ -197,6 +197,41 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
             "predictions": pred}
 
 
+def held_out_sources(*, data: Path | str, sources: tuple[str, ...], bundle=None) -> dict[str, pl.DataFrame]:
+    """The shipped predictor (or `bundle`) on whole sources it was not trained on: held out by source, hence by
+    every model and plan in them, without refitting (issue 19: the published GPU fine-tuning sources).
+
+    A source the bundle's metadata lists among its training sources is refused (it would not be held out). Returns
+    metrics per source (split "source") and per (source, model) (split "source:model"), each with the composition
+    and the analytic estimate beside the learned result and the false-OOM rate, and the predictions."""
+    from perfpredict.models.bundle import default_bundle
+
+    if not sources:
+        raise PerfPredictError("name the held-out source(s) to score, e.g. msswift_examples")
+    bundle = bundle or default_bundle()
+    trained = set(bundle.metadata.get("sources") or ())
+    seen = sorted(set(sources) & trained)
+    if seen:
+        raise PerfPredictError(f"source(s) {seen} are in the predictor's training data ({', '.join(sorted(trained))}), "
+                               "so they are not held out; evaluate them with the refitting splits instead")
+    runs = load_runs(data)
+    present = set(runs["source"].unique().to_list())
+    unknown = sorted(set(sources) - present)
+    if unknown:
+        raise PerfPredictError(f"no runs of source(s) {unknown} under {str(data)!r}; present: "
+                               f"{', '.join(sorted(present))}")
+    test = runs.filter(c("source").is_in(list(sources)))
+    composed = bundle.compose(test)
+    pred = composed.with_columns(**{k: pl.Series(v) for k, v in bundle.apply(composed).items()},
+                                 split=pl.lit("source"), fold=c("source"),
+                                 variant=pl.lit(str(bundle.metadata.get("variant", DEFAULT_VARIANT.name))))
+    by_source = metrics(pred, ("variant", "split", "source"))
+    by_model = metrics(pred.with_columns(split=pl.lit("source:model"),
+                                         source=pl.concat_str([c("source"), c("m_name")], separator=":")),
+                       ("variant", "split", "source"))
+    return {"metrics": pl.concat([by_source, by_model], how="diagonal_relaxed"), "predictions": pred}
+
+
 def metrics_trl(pred: pl.DataFrame) -> pl.DataFrame:
     """TRL rows per (variant, split, trainer x reference mode), e.g. "dpo live", "dpo precomputed", "simpo none",
     and all TRL rows of a split together ("all")."""
