@@ -18,9 +18,17 @@ IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, 
 TRANSCRIBED = {"msswift_examples": msswift, "nemo_automodel": nemo_automodel}
 
 
-def import_public(*, shared_root: Path, out_root: Path, only: list[str] | None = None) -> dict[str, int]:
-    """Run the importers (all, or the named source folders); return row counts keyed `<folder>/<table>.parquet`."""
+# Where the transcriptions are committed (the repository's datasets/public): an import into another folder still
+# reads them from here.
+TRANSCRIBED_ROOT = Path(__file__).resolve().parents[2] / "datasets" / "public"
+
+
+def import_public(*, shared_root: Path, out_root: Path, only: list[str] | None = None,
+                  transcribed_root: Path | None = None) -> dict[str, int]:
+    """Run the importers (all, or the named source folders); return row counts keyed `<folder>/<table>.parquet`.
+    Transcribed sources read their transcribed.csv under `transcribed_root` (default TRANSCRIBED_ROOT)."""
     shared_root, out_root = Path(shared_root), Path(out_root)
+    transcribed_root = Path(transcribed_root) if transcribed_root else TRANSCRIBED_ROOT
     unknown = set(only or ()) - set(IMPORTERS) - set(TRANSCRIBED)
     if unknown:
         raise ValueError(f"unknown source(s) {sorted(unknown)}; known: {sorted({*IMPORTERS, *TRANSCRIBED})}")
@@ -33,7 +41,7 @@ def import_public(*, shared_root: Path, out_root: Path, only: list[str] | None =
         counts.update(mod.run(shared_root, out_root))
     for folder, mod in TRANSCRIBED.items():
         if not only or folder in only:
-            counts.update(mod.run(out_root, out_root))
+            counts.update(mod.run(transcribed_root, out_root))
     return counts
 
 

@@ -150,10 +150,13 @@ def listing(folder: Path) -> str:
 
 
 def run(folder_root: Path, out_root: Path, spec: Transcribed) -> dict[str, int]:
-    """Import one transcribed source: its transcription lives in the output folder itself."""
+    """Import one transcribed source from folder_root/<folder>/transcribed.csv into out_root/<folder> (usually the
+    same folder: the transcription is committed beside what it yields; elsewhere it is copied along)."""
     folder = Path(folder_root) / spec.upstream.folder
     out = Path(out_root) / spec.upstream.folder
     counts = write_outputs(out, {"runs": import_runs(folder, spec)})
+    if (out / CSV_NAME).resolve() != (folder / CSV_NAME).resolve():
+        (out / CSV_NAME).write_text((folder / CSV_NAME).read_text(encoding="utf-8"), encoding="utf-8")
     text = spec.section.rstrip() + "\n\n## Every transcribed row\n\n" + listing(folder) + "\n"
     (out / "SOURCE.md").write_text(text)
     return counts
