@@ -106,13 +106,13 @@ def evaluate_cmd(
     splits, variants = check_selection(splits=split, variants=variant)
     say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
     if held_out_source:
-        from perfpredict.train.evaluate import held_out_sources
+        from perfpredict.train.evaluate import held_out_records, held_out_sources
 
         res = held_out_sources(data=data, sources=tuple(held_out_source))
         say(metrics_table(res["metrics"], "shipped predictor on sources it never saw (split 'source': per source; "
                                           "'source:model': per model)"))
         if json_out:
-            write_text(json_out, json.dumps(res["metrics"].to_dicts(), indent=1, default=str))
+            write_text(json_out, json.dumps(held_out_records(res), indent=1, default=str))
         if plot is not None:
             say(f"plot: {plot_predicted_vs_measured(res['predictions'], plot)}")
         return
@@ -153,11 +153,15 @@ def report_cmd(
     generate_evaluation: Annotated[Path | None, typer.Option(
         help="what `perfpredict generate evaluate --json` wrote (optional)")] = Path("docs/generate-evaluation.json"),
     out: Annotated[Path, typer.Option(help="the Markdown page to write")] = Path("docs/accuracy.md"),
+    held_out_evaluation: Annotated[Path | None, typer.Option(
+        help="what `perfpredict evaluate --held-out-source ... --json` wrote (optional)")] = Path(
+        "docs/held-out-sources.json"),
 ) -> None:
     """Write the accuracy page (Markdown) from the evaluation JSON files."""
     from perfpredict.core.paths import writable_file
     from perfpredict.train.report import write_accuracy_page
 
     writable_file("--out", out)
-    path = write_accuracy_page(evaluation_path=evaluation, generate_evaluation_path=generate_evaluation, out_path=out)
+    path = write_accuracy_page(evaluation_path=evaluation, generate_evaluation_path=generate_evaluation, out_path=out,
+                               held_out_evaluation_path=held_out_evaluation)
     console.print(f"wrote {path}")

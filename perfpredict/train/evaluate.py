@@ -232,6 +232,22 @@ def held_out_sources(*, data: Path | str, sources: tuple[str, ...], bundle=None)
     return {"metrics": pl.concat([by_source, by_model], how="diagonal_relaxed"), "predictions": pred}
 
 
+# Per-run columns `evaluate --held-out-source --json` records beside the metrics (docs/held-out-sources.json).
+HELD_OUT_ROW_COLUMNS = ("source", "upstream_ref", "m_name", "g_name", "c_gpus", "p_framework", "p_zero", "p_tp",
+                        "p_cp", "p_recompute", "w_objective", "w_seq_len", "w_global_batch", "step_time_s",
+                        "pred_time_s", "k_step_s", "d_analytic_step_s", "peak_memory_gib", "pred_mem_gib",
+                        "d_peak_logits_gib", "pred_fits", "note")
+
+
+def held_out_records(res: dict) -> list[dict]:
+    """What `evaluate --held-out-source --json` writes: the metric rows, then one row per run tagged
+    {"table": "run"} (measured beside predicted, composed and analytic)."""
+    pred = res["predictions"]
+    cols = [k for k in HELD_OUT_ROW_COLUMNS if k in pred.columns]
+    runs = pred.select(cols).sort("source", "upstream_ref").to_dicts()
+    return res["metrics"].to_dicts() + [{"table": "run", **r} for r in runs]
+
+
 def metrics_trl(pred: pl.DataFrame) -> pl.DataFrame:
     """TRL rows per (variant, split, trainer x reference mode), e.g. "dpo live", "dpo precomputed", "simpo none",
     and all TRL rows of a split together ("all")."""
