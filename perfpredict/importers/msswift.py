@@ -34,7 +34,7 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
   whole decoder layers).
 - `megatron sft` runs Megatron-LM: framework `megatron`, tp = `--tensor_model_parallel_size`, sequence parallel as
   given, dp = GPUs / tp, micro_batch = `--micro_batch_size`, grad_accum = global_batch_size / (micro_batch x dp),
-  recompute `full` for `--recompute_granularity full` (uniform, 1 layer), zero 1 (ms-swift's default
+  recompute `full` for `--recompute_granularity full` (uniform, 1 layer) and `selective` for `selective`, zero 1 (ms-swift's default
   `use_distributed_optimizer: bool = True`, swift/megatron/arguments/megatron_args.py; at dp 1 it shards nothing).
 - seq_len: only packed runs are imported (`--packing true`): ms-swift packs samples into sequences of up to
   `max_length` tokens (packing_length defaults to max_length, swift/arguments/base_args/base_args.py), so each
@@ -43,6 +43,19 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
 - Objective `sft`, bf16 (`--torch_dtype bfloat16`), full-parameter training (`--tuner_type full`).
 - GPU: "A100" in the headers is read as `a100-sxm-80gb` (the rows peak at 42-54 GB, above a 40 GB A100's
   capacity; PCIe vs SXM is not stated).
+- The Megatron-SWIFT benchmark (`bench-dense-*`): one table, Qwen2.5-14B full-parameter SFT, 8K packed, the same
+  16 sequences per step under three runtimes, published at 9d297f99a (2025-03-21,
+  docs/source_en/Instruction/Megatron-SWIFT-Training.md:106-111) with its two scripts in the same commit:
+  `examples/train/megatron/base_to_chat.sh` (megatron sft, tp 4 with sequence parallel -> dp 2, micro-batch 1,
+  global batch 16 -> grad_accum 8, `--recompute_granularity selective`, distributed optimizer by default -> zero 1,
+  fused cross entropy, flash attention) and `examples/train/megatron/benchmark/deepspeed.sh` (swift sft, dp 8,
+  micro-batch 1, grad_accum 2, `--deepspeed zero2`; the ZeRO-3 column is the same script with zero3). The GPU is
+  named later (docs/source_en/Megatron-SWIFT/Quick-start.md:250 at 3602360a: "a single-node, eight-GPU A800
+  environment"). An A800 SXM is A100 SXM 80GB silicon with NVLink cut to 400 GB/s bidirectional: the rows use
+  catalog `a100-sxm-80gb` with `intra_node_bw_gb_per_s` 200 (per direction; the catalog A100 has 300), so the
+  A100 kernel probes stay valid. The ZeRO-2 column's memory ("8*80GB") is the whole card: the allocator's cache
+  filled it (the 2025-03 script does not set expandable segments), which bounds nothing, so that row carries its
+  step time only.
 
 ## Units and labels
 

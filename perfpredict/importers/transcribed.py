@@ -26,7 +26,7 @@ from perfpredict.importers.common import Upstream, run_id, runs_frame, scenario_
 
 CSV_NAME = "transcribed.csv"
 COLUMNS = ("row_id", "upstream_path", "upstream_lines", "upstream_commit", "header_date", "status", "skip_reason",
-           "quote", "model", "gpu", "gpus_per_node", "nodes", "objective", "framework", "zero", "tp", "pp", "cp", "dp",
+           "quote", "model", "gpu", "gpus_per_node", "nodes", "intra_node_bw_gb_per_s", "objective", "framework", "zero", "tp", "pp", "cp", "dp",
            "sequence_parallel", "recompute", "micro_batch", "grad_accum", "seq_len", "optimizer_offload",
            "step_time_s", "peak_memory_gib", "memory_kind", "kernels")
 STATUSES = ("ok", "skip")
@@ -80,7 +80,10 @@ def _bool(r: dict[str, str], k: str) -> bool:
 def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
     """The (model, cluster, workload, plan) a transcribed `ok` row ran."""
     model = get_model(r["model"])
-    cluster = Cluster(gpu=get_gpu(r["gpu"]), gpus_per_node=_int(r, "gpus_per_node"), nodes=_int(r, "nodes"))
+    # A blank link rate is the catalog GPU's; a variant of a catalog GPU that differs only in its NVLink (A800 =
+    # A100 silicon with NVLink cut to 400 GB/s) is that GPU with its own rate, so its kernels keep their probes.
+    cluster = Cluster(gpu=get_gpu(r["gpu"]), gpus_per_node=_int(r, "gpus_per_node"), nodes=_int(r, "nodes"),
+                      intra_node_bw_gb_per_s=_float(r, "intra_node_bw_gb_per_s") or 0.0)
     mb, ga, dp = _int(r, "micro_batch"), _int(r, "grad_accum"), _int(r, "dp")
     workload = Workload(objective=r["objective"], seq_len=_int(r, "seq_len"), global_batch=mb * ga * dp,
                         precision="bf16")
@@ -129,7 +132,9 @@ def import_runs(folder: Path, spec: Transcribed) -> pl.DataFrame:
             "memory_kind": MEMORY_KINDS.get(r["memory_kind"]) if mem is not None else None,
             **spec.upstream.provenance(spec.module, CSV_NAME, r["gpu"],
                                        {"gpu": r["gpu"], "gpus_per_node": _int(r, "gpus_per_node"),
-                                        "nodes": _int(r, "nodes"), "as_published": r["quote"]}),
+                                        "nodes": _int(r, "nodes"),
+                                        "intra_node_bw_gb_per_s": cluster.intra_node_bw_gb_per_s,
+                                        "as_published": r["quote"]}),
             "collected_at": r["header_date"] or spec.upstream.date,
             "note": "; ".join(notes) or None,
             "upstream_ref": ref,
