@@ -14,7 +14,6 @@ from perfpredict.core.scenario import Scenario
 from perfpredict.importers import TRANSCRIBED, import_public, msswift, nemo_automodel
 from perfpredict.importers.transcribed import CSV_NAME, read_rows, scenario_of
 from perfpredict.train.evaluate import held_out_sources
-
 from tests.test_importers import COMMITTED
 
 SOURCES = tuple(TRANSCRIBED)
