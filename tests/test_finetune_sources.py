@@ -4,6 +4,8 @@ AutoModel's performance summary, their importer (perfpredict.importers.transcrib
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -14,8 +16,8 @@ from perfpredict.core.scenario import Scenario
 from perfpredict.importers import TRANSCRIBED, import_public, msswift, nemo_automodel
 from perfpredict.importers.transcribed import CSV_NAME, read_rows, scenario_of
 from perfpredict.train.evaluate import held_out_sources
-from tests.test_importers import COMMITTED
 
+COMMITTED = Path(__file__).resolve().parents[1] / "datasets" / "public"
 SOURCES = tuple(TRANSCRIBED)
 
 
