@@ -36,7 +36,7 @@ def _row(folder: str, row_id: str) -> dict:
 
 def test_reimport_reproduces_the_committed_files(reimported):
     out, counts = reimported
-    assert counts == {"msswift_examples/runs.parquet": 7, "nemo_automodel/runs.parquet": 1}
+    assert counts == {"msswift_examples/runs.parquet": 8, "nemo_automodel/runs.parquet": 1}
     for folder in SOURCES:
         fresh = pl.read_parquet(out / folder / "runs.parquet")
         assert fresh.equals(pl.read_parquet(COMMITTED / folder / "runs.parquet")), f"{folder}: rerun the importer"
@@ -102,6 +102,14 @@ def test_msswift_benchmark_reference_numbers():
     assert (rows["zero2"]["p_zero"], rows["zero3"]["p_zero"], rows["zero3"]["p_dp"]) == (2, 3, 8)
 
 
+def test_msswift_moe_reference_numbers():
+    # ad907793e9 examples/train/megatron/qwen3_moe.sh:2 "# Megatron-LM: 9.6s/it; 16 * 60GiB" with
+    # --tensor_model_parallel_size 2 --expert_model_parallel_size 8 --micro_batch_size 1 --global_batch_size 16
+    r = _row("msswift_examples", "bench-moe-megatron")
+    assert (r["m_name"], r["c_gpus"], r["c_nodes"], r["p_tp"], r["p_dp"], r["p_ep"]) == ("qwen3-30b-a3b", 16, 2, 2, 8, 8)
+    assert (r["p_grad_accum"], r["w_global_batch"], r["step_time_s"], r["peak_memory_gib"]) == (2, 16, 9.6, 60.0)
+
+
 def test_nemo_automodel_reference_numbers():
     # docs/performance-summary.mdx:25 "| Llama3 70B | 64 | 128 | 1 | 1 | 4 | 8192 | 1 | 1 | 2 | - | - | 32 | ... |
     # 18.90 | 389 | 866.77 |": the step time and the published tokens/s/GPU agree within the rounding.
@@ -126,7 +134,7 @@ def test_held_out_sources_scores_the_shipped_predictor():
     m = res["metrics"]
     assert set(m["split"].to_list()) == {"source", "source:model"}
     by_source = {r["source"]: r for r in m.filter(pl.col("split") == "source").iter_rows(named=True)}
-    assert by_source["msswift_examples"]["time_n"] == 5 and by_source["msswift_examples"]["mem_n"] == 6
+    assert by_source["msswift_examples"]["time_n"] == 6 and by_source["msswift_examples"]["mem_n"] == 7
     assert by_source["nemo_automodel"]["time_n"] == 1
     for r in by_source.values():
         assert r["time_composed_mape"] == r["time_composed_mape"]  # the composition is scored beside it (not NaN)

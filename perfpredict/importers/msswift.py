@@ -56,6 +56,13 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
   A100 kernel probes stay valid. The ZeRO-2 column's memory ("8*80GB") is the whole card: the allocator's cache
   filled it (the 2025-03 script does not set expandable segments), which bounds nothing, so that row carries its
   step time only.
+- The MoE benchmark's Megatron-LM column (`bench-moe-megatron`): Qwen3-30B-A3B (catalog `qwen3-30b-a3b`, 128 experts,
+  8 per token) full-parameter SFT on 2 nodes of 8 A800 (docs/source_en/BestPractices/Qwen3-Best-Practice.md:339),
+  read from the script that carried the numbers when they were written (`examples/train/megatron/qwen3_moe.sh` at
+  ad907793e9, 2025-04-29): tp 2 with sequence parallel, expert parallel 8 (carved out of dp 8), micro-batch 1,
+  global batch 16 -> grad_accum 2, full recompute, 8K packed, grouped-GEMM experts. The inter-node link is not
+  stated (Alibaba Cloud DLC): the catalog A100's 25 GB/s per GPU is kept. The script was later changed to pp 2;
+  the numbers were not re-measured.
 
 ## Units and labels
 

@@ -378,7 +378,8 @@ def _held_out_section(rows: list[Row] | None) -> list[str]:
         head = ["upstream", "plan", "kernels", "measured step", "predicted", "composed", "analytic", "measured mem",
                 "predicted mem", "of which logits"]
         body = [[f"{r.get('source')} `{r.get('upstream_ref')}`",
-                 f"{r.get('m_name')} {r.get('p_framework')} z{r.get('p_zero')} tp{r.get('p_tp')} cp{r.get('p_cp')} "
+                 f"{r.get('m_name')} {r.get('p_framework')} z{r.get('p_zero')} tp{r.get('p_tp')} dp{r.get('p_dp')} "
+                 f"cp{r.get('p_cp')}{'' if (r.get('p_ep') or 1) == 1 else ' ep' + str(r.get('p_ep'))} "
                  f"{count(r.get('c_gpus'))}x {r.get('g_name')}, {r.get('w_objective')} seq {count(r.get('w_seq_len'))}"
                  f" gbs {count(r.get('w_global_batch'))}", _kernels(r.get("note")),
                  plain(r.get("step_time_s")), plain(r.get("pred_time_s")), plain(r.get("k_step_s")),
