@@ -93,8 +93,9 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
 ## Not imported
 
 LoRA rows (the plan schema has no adapter training), rows on H20 (not in the GPU catalog), rows whose GPU type is
-not stated (including the DPO ZeRO-3 full fine-tuning in `rlhf/dpo/full.sh`), unpacked rows, Ulysses/ring
-sequence-parallel rows and multimodal rows: each is listed below with its reason.
+not stated (among them every DPO header: the ZeRO-3 full fine-tuning in `rlhf/dpo/full.sh` and the Megatron DPO
+scripts), unpacked rows, Ulysses/ring sequence-parallel rows, the MoE benchmark's ZeRO-3 column and multimodal
+rows: each is listed below with its reason. No DPO run with a stated GPU and packed lengths was found in ms-swift.
 """
 
 SPEC = Transcribed(upstream=UPSTREAM, module="msswift", section=SECTION)
