@@ -271,7 +271,8 @@ def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
         pred = pred.filter(c("variant") == DEFAULT_VARIANT.name)
     sources = sorted(set(pred["source"].unique().to_list()))
     colour = {src: f"C{i}" for i, src in enumerate(sources)}  # one colour per source in every panel
-    splits = [s for s in SPLITS if s in set(pred["split"].unique().to_list())]
+    present = set(pred["split"].unique().to_list())
+    splits = [s for s in SPLITS if s in present] + sorted(present - set(SPLITS))  # e.g. "source" (held-out sources)
     fig, axes = plt.subplots(2, len(splits), figsize=(4.2 * len(splits), 8.0), squeeze=False)
     for j, split in enumerate(splits):
         sub_split = pred.filter(c("split") == split)

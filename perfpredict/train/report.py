@@ -344,7 +344,9 @@ sources only (its metadata lists them) and on none of these models, written by `
 --held-out-source msswift_examples --held-out-source nemo_automodel --json docs/held-out-sources.json`. The
 composition alone and the analytic estimate stand beside the learned result; outside the learned correction's
 domain the two first coincide. Memory labels here are the allocator's reserved peak (ms-swift logs
-`max_memory_reserved`), which sits above the tensors' peak that the model predicts.
+`max_memory_reserved`), which sits above the tensors' peak that the model predicts. What the plan cannot state is
+named per run (kernels): Liger's fused head never materialises the logits the model charges (the "of which logits"
+column), TE and torch.compile speed up the FSDP2 row, and grouped-GEMM experts the MoE row.
 """
 
 
