@@ -26,9 +26,9 @@ from perfpredict.importers.common import Upstream, run_id, runs_frame, scenario_
 
 CSV_NAME = "transcribed.csv"
 COLUMNS = ("row_id", "upstream_path", "upstream_lines", "upstream_commit", "header_date", "status", "skip_reason",
-           "quote", "model", "gpu", "gpus_per_node", "nodes", "intra_node_bw_gb_per_s", "objective", "framework", "zero",
-           "tp", "pp", "cp", "dp", "ep", "sequence_parallel", "recompute", "micro_batch", "grad_accum", "seq_len", "optimizer_offload",
-           "step_time_s", "peak_memory_gib", "memory_kind", "kernels")
+           "quote", "model", "gpu", "gpus_per_node", "nodes", "intra_node_bw_gb_per_s", "objective", "framework",
+           "zero", "tp", "pp", "cp", "dp", "ep", "sequence_parallel", "recompute", "micro_batch", "grad_accum",
+           "seq_len", "optimizer_offload", "step_time_s", "peak_memory_gib", "memory_kind", "kernels")
 STATUSES = ("ok", "skip")
 # What a transcribed memory figure is, and the schema's memory_kind it becomes (core.schema LABEL_COLUMNS):
 # ms-swift logs torch.cuda.max_memory_reserved() / 1024**3 as memory(GiB) (swift/trainers/patcher.py,

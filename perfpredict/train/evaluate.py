@@ -234,9 +234,9 @@ def held_out_sources(*, data: Path | str, sources: tuple[str, ...], bundle=None)
 
 # Per-run columns `evaluate --held-out-source --json` records beside the metrics (docs/held-out-sources.json).
 HELD_OUT_ROW_COLUMNS = ("source", "upstream_ref", "m_name", "g_name", "c_gpus", "p_framework", "p_zero", "p_tp",
-                        "p_dp", "p_cp", "p_ep", "p_recompute", "w_objective", "w_seq_len", "w_global_batch", "step_time_s",
-                        "pred_time_s", "k_step_s", "d_analytic_step_s", "peak_memory_gib", "pred_mem_gib",
-                        "d_peak_logits_gib", "pred_fits", "note")
+                        "p_dp", "p_cp", "p_ep", "p_recompute", "w_objective", "w_seq_len", "w_global_batch",
+                        "step_time_s", "pred_time_s", "k_step_s", "d_analytic_step_s", "peak_memory_gib",
+                        "pred_mem_gib", "d_peak_logits_gib", "pred_fits", "note")
 
 
 def held_out_records(res: dict) -> list[dict]:
