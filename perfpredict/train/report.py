@@ -367,11 +367,12 @@ def _held_out_section(rows: list[Row] | None) -> list[str]:
     metrics = [r for r in rows if r.get("table") is None and "source" in r and "split" in r]
     runs = [r for r in rows if r.get("table") == "run"]
     out = [HELD_OUT_PROSE]
-    head = ["held out", "source (: model)", "time n", "learned", "composed", "analytic", "mem n", "mem learned",
-            "mem analytic", "false OOM"]
+    head = ["held out", "source (: model)", "time n", "learned", "composed", "analytic", "90% cover", "mem n",
+            "mem learned", "mem analytic", "mem 90% cover", "false OOM"]
     body = [[str(r["split"]), str(r["source"]), count(r.get("time_n")), pct(r.get("time_mape")),
-             pct(r.get("time_composed_mape")), pct(r.get("time_analytic_mape")), count(r.get("mem_n")),
-             pct(r.get("mem_mape")), pct(r.get("mem_analytic_mape")), pct(r.get("false_oom"))]
+             pct(r.get("time_composed_mape")), pct(r.get("time_analytic_mape")), pct(r.get("time_coverage")),
+             count(r.get("mem_n")), pct(r.get("mem_mape")), pct(r.get("mem_analytic_mape")),
+             pct(r.get("mem_coverage")), pct(r.get("false_oom"))]
             for r in sorted(metrics, key=lambda r: (str(r["split"]), str(r["source"])))]
     out += _table(head, body)
     if runs:
