@@ -149,7 +149,8 @@ def listing(folder: Path) -> str:
     out = ["| row | upstream | status | as published | why left out |", "|---|---|---|---|---|"]
     for _, r in read_rows(folder):
         quote = r["quote"].replace("|", "\\|")
-        out.append(f"| `{r['row_id']}` | `{r['upstream_path']}` lines {r['upstream_lines']} | {r['status']} | "
+        out.append(f"| `{r['row_id']}` | `{r['upstream_path']}` lines {r['upstream_lines']} @ "
+                   f"{r['upstream_commit'][:10]} | {r['status']} | "
                    f"{quote} | {r['skip_reason'] or '-'} |")
     return "\n".join(out)
 
