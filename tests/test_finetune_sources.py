@@ -142,7 +142,7 @@ def test_held_out_sources_scores_the_shipped_predictor():
 
 
 def test_held_out_sources_refuses_a_training_source():
-    with pytest.raises(PerfPredictError, match="not held out"):
+    with pytest.raises(PerfPredictError, match="not held out.*--refit"):
         held_out_sources(data="datasets", sources=("vtrain",))
     with pytest.raises(PerfPredictError, match="no runs of source"):
         held_out_sources(data="datasets", sources=("no-such-source",))
@@ -158,3 +158,38 @@ def test_cli_held_out_source():
 
 def test_module_specs_point_at_their_folders():
     assert msswift.UPSTREAM.folder == "msswift_examples" and nemo_automodel.UPSTREAM.folder == "nemo_automodel"
+
+
+def test_refit_fits_without_the_held_out_sources(monkeypatch):
+    """--refit: kernels on every probe, the bundle on every other source's runs (stubbed here: a real fit takes
+    minutes), then the same per-source and per-model scoring."""
+    import perfpredict.train.evaluate as ev
+    from perfpredict.models.bundle import default_bundle
+
+    seen = {}
+
+    class Kernels:
+        def __init__(self, seed=0):
+            pass
+
+        def fit(self, probes):
+            seen["probes"] = probes.height
+            return self
+
+    def fit_bundle(runs, kernels, *, seed=0, **kw):
+        seen["sources"] = set(runs["source"].unique().to_list())
+        b = default_bundle()
+        return type(b)(**{**b.__dict__, "metadata": dict(b.metadata)}), None
+
+    monkeypatch.setattr(ev, "KernelModel", Kernels)
+    monkeypatch.setattr(ev, "fit_bundle", fit_bundle)
+    res = held_out_sources(data="datasets", sources=("vtrain", "nemo_automodel"), refit=True)
+    assert seen["probes"] > 0 and not seen["sources"] & {"vtrain", "nemo_automodel"}
+    assert "msswift_examples" in seen["sources"]
+    assert {"vtrain", "nemo_automodel"} <= set(res["metrics"]["source"].to_list())
+
+
+def test_cli_refit_needs_held_out_source():
+    res = CliRunner().invoke(app, ["evaluate", "--refit"])
+    assert res.exit_code == 2 and "--refit goes with --held-out-source" in res.output
+

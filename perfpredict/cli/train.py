@@ -23,6 +23,7 @@ from perfpredict.cli._util import (
     write_text,
 )
 from perfpredict.core.console import stderr_console
+from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.formatting import missing, pct
 
 TABLE_COLUMNS = (
@@ -93,6 +94,8 @@ def evaluate_cmd(
     held_out_source: Annotated[list[str] | None, typer.Option(
         help="score the shipped predictor on whole sources it was not trained on (repeat), per source and per "
              "model, without refitting; e.g. msswift_examples, nemo_automodel")] = None,
+    refit: Annotated[bool, typer.Option("--refit", help="with --held-out-source: fit a predictor on every other "
+                                                         "source first (minutes) instead of the shipped one")] = False,
     json_out: JsonOpt = None,
 ) -> None:
     """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, and the
@@ -105,11 +108,17 @@ def evaluate_cmd(
     check_outputs(json_out=json_out, plot=plot)
     splits, variants = check_selection(splits=split, variants=variant)
     say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
+    if refit and not held_out_source:
+        raise PerfPredictError("--refit goes with --held-out-source SOURCE (the sources to fit without)")
     if held_out_source:
         from perfpredict.train.evaluate import held_out_records, held_out_sources
 
-        res = held_out_sources(data=data, sources=tuple(held_out_source))
-        say(metrics_table(res["metrics"], "shipped predictor on sources it never saw (split 'source': per source; "
+        with _progress(quiet=machine_readable(json_out)) as prog:
+            task = prog.add_task("held-out sources", total=None)
+            res = held_out_sources(data=data, sources=tuple(held_out_source), refit=refit, seed=seed,
+                                   progress=lambda m: prog.update(task, description=m))
+        who = "a predictor fitted without them" if refit else "the shipped predictor"
+        say(metrics_table(res["metrics"], f"{who} on sources it never saw (split 'source': per source; "
                                           "'source:model': per model)"))
         if json_out:
             write_text(json_out, json.dumps(held_out_records(res), indent=1, default=str))
