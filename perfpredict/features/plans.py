@@ -20,6 +20,7 @@ from perfpredict.core.frameworks import (
     expand_backends,
     refusal,
     stage_layers,
+    trainer_refusal,
 )
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
@@ -183,7 +184,13 @@ def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spac
     """Every plan the capability table (core.frameworks) says its framework can run on this cluster."""
     space = space or PlanSpace()
     rej = rejections if rejections is not None else Rejections()
-    caps = [capability(f) for f in space.frameworks]
+    caps = []
+    for f in space.frameworks:  # only frameworks one of whose trainers runs the objective (core.frameworks.Trainer)
+        cap = capability(f)
+        if cap.trainer_for(workload.objective) is None:
+            rej.add(trainer_refusal(Plan(framework=f), workload.objective).tally)
+        else:
+            caps.append(cap)
     for tp, pp, cp, dp in _layouts(model, cluster, workload, space, rej):
         per_replica = workload.global_batch // dp
         for cap in caps:
@@ -229,7 +236,13 @@ def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spac
                             for sp in sps:
                                 for ep in eps:
                                     for off, poff in offloads:
-                                        yield Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero=zero,
-                                                   recompute=rc, micro_batch=mb, grad_accum=ga,
-                                                   optimizer_offload=off, param_offload=poff, framework=cap.name,
-                                                   schedule=schedule, virtual_stages=v, ep=ep, stage_layers=stages)
+                                        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero=zero,
+                                                    recompute=rc, micro_batch=mb, grad_accum=ga,
+                                                    optimizer_offload=off, param_offload=poff, framework=cap.name,
+                                                    schedule=schedule, virtual_stages=v, ep=ep, stage_layers=stages)
+                                        # The trainer that runs the objective may run less than its framework.
+                                        tr = trainer_refusal(plan, workload.objective)
+                                        if tr:
+                                            rej.add(tr.tally)
+                                            continue
+                                        yield plan
