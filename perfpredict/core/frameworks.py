@@ -303,6 +303,9 @@ class Runtime:
     frees_grads_each_step: bool = False  # the HF Trainer's zero_grad(set_to_none) frees gradients between steps
     own_grad_buffers: bool = False  # the engine keeps its own gradient buckets/partitions (DeepSpeed ZeRO 0-2)
     engine_step_host_work: bool = False  # an engine with per-step host work and per-module ZeRO-3 hooks (DeepSpeed)
+    # ZeRO-3 gathers in prefetch buckets of parameters (DeepSpeed: one all_gather_coalesced per submodule and per
+    # prefetch set, partitioned_param_coordinator.py:285-343, 380-413) rather than one message per wrapped block (FSDP)
+    zero3_prefetch_buckets: bool = False
     accelerate_activation_checkpointing: bool = False  # recompute is accelerate's plugin option, not transformers'
     accelerate_config_file: str = "accelerate_config.yaml"
 
@@ -317,7 +320,7 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
     Runtime("megatron", grad_reduce_fp32=True, grads_fp32=True, overlaps_grad_reduce=False, fused_vocab_ce=True),
     Runtime("nanotron", grad_reduce_fp32=True, grads_fp32=True, fused_vocab_ce=True),
     Runtime("deepspeed", master_clone_from_zero=1, reduce_every_microbatch_from_zero=2, reference_sharded_from_zero=3,
-            zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True),
+            zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True, zero3_prefetch_buckets=True),
     Runtime("fsdp", weights_fp32=True, grads_fp32=True, separate_master=False, reduce_every_microbatch_from_zero=2,
             zero2_keeps_unsharded=True, ddp_buckets_at_zero0=True, reference_sharded_from_zero=0,
             frees_grads_each_step=True, accelerate_activation_checkpointing=True,
@@ -346,6 +349,10 @@ TRL_FRAMEWORKS = tuple(n for n, c in CAPABILITIES.items() if c.family == "trl")
 # ZeRO-3 prefetch 0.9 hidden^2, persistence threshold 10 hidden), the 1e9 stage-3 limits of HF's examples. The
 # memory model reads the reuse distance (features.trl: what ZeRO-3 keeps gathered between forward and backward).
 STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+# transformers' "auto" stage3_prefetch_bucket_size: 0.9 x hidden^2 elements (integrations/deepspeed.py); DeepSpeed's
+# own default is 5e7 (deepspeed/runtime/zero/config.py:208). The coordinator prefetches whole parameters until the
+# bucket is reached (partitioned_param_coordinator.py:380-406), at most stage3_max_live_parameters (1e9, :381) alive.
+DS_PREFETCH_BUCKET_HIDDEN2 = 0.9
 
 
 def zero_optimization(stage: int, *, optimizer_offload: bool = False, param_offload: bool = False) -> dict:

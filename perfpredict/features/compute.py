@@ -29,6 +29,15 @@ def runtime_from_zero(field: str) -> pl.Expr:
     return out
 
 
+def selective_share(field: str) -> pl.Expr:
+    """Per row, what the plan framework's `recompute selective` recomputes (core.frameworks SelectiveRecompute
+    `field`: gemm_fwd, attention_fwd or elementwise_fwd); Megatron's core-attention rule for unknown names."""
+    from perfpredict.core.frameworks import CAPABILITIES, CORE_ATTENTION
+
+    return c("p_framework").replace_strict({n: getattr(cap.selective, field) for n, cap in CAPABILITIES.items()},
+                                           default=getattr(CORE_ATTENTION, field), return_dtype=pl.Float64)
+
+
 def on_cpu(name: pl.Expr | None = None) -> pl.Expr:
     """Rows on a CPU host (any catalog entry of vendor "cpu"), from the hardware name column (default g_name)."""
     from perfpredict.core.catalog import cpu_names
@@ -58,7 +67,9 @@ def flops(df: pl.DataFrame) -> pl.DataFrame:
     attn_fwd = 2.0 * s * c("m_heads") * c("m_head_dim") * c("m_layers")
     fwd = 2.0 * c("m_matmul_params") + attn_fwd
     recompute = (pl.when(c("p_recompute") == "full").then(fwd)
-                 .when(c("p_recompute") == "selective").then(attn_fwd).otherwise(0.0))
+                 .when(c("p_recompute") == "selective").then(
+                     attn_fwd * selective_share("attention_fwd")
+                     + 2.0 * c("m_matmul_params") * selective_share("gemm_fwd")).otherwise(0.0))
     ref = pl.when(c("w_reference").is_in(["live", "offloaded"])).then(fwd).otherwise(0.0)
     per_token = 3.0 * fwd + recompute + ref + c("d_extra_fwd_passes") * fwd
     n = c("c_gpus").cast(pl.Float64)

@@ -13,7 +13,7 @@ import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
-from perfpredict.core.schema import STEP_TIME_PARTS
+from perfpredict.core.schema import ENGINE_PARTS, STEP_TIME_PARTS
 from perfpredict.features.descriptors import describe
 from perfpredict.models.bundle import Bundle, default_path
 
@@ -27,6 +27,11 @@ def _load(path: str) -> Bundle:
 
 def load_predictor(path: Path | str | None = None) -> Bundle:
     return _load(str(path or default_path()))
+
+
+def _col(df: pl.DataFrame, name: str) -> np.ndarray:
+    """A composed column, zeros where an older composition lacks it."""
+    return df[name].to_numpy() if name in df.columns else np.zeros(df.height)
 
 
 def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described: bool = False) -> pl.DataFrame:
@@ -54,12 +59,21 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         # How much of the learned correction applies (1: inside the measured domain, 0: composition alone).
         time_applicability=pl.Series(p["time_weight"]), memory_applicability=pl.Series(p["mem_weight"]),
         mfu=pl.Series(mfu),
-        b_compute_s=pl.Series((df["k_compute_s"] + df["k_launch_s"]).to_numpy() * ratio),
+        # Host-bound time (dispatch, ZeRO-3 hooks the device cannot cover) counts with the compute it delays.
+        b_compute_s=pl.Series((df["k_compute_s"] + df["k_launch_s"] + _col(df, "k_hook_s")).to_numpy() * ratio),
         b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"] + df["k_ep_s"]).to_numpy() * ratio),
         b_dp_comm_s=pl.Series((df["k_dp_s"] + df["k_zero3_s"]).to_numpy() * ratio),
         b_pp_comm_s=pl.Series(df["k_pp_s"].to_numpy() * ratio),
         b_bubble_s=pl.Series(df["k_bubble_s"].to_numpy() * ratio),
         b_optimizer_s=pl.Series((df["k_optim_s"] + df["d_host_s"]).to_numpy() * ratio),
+        # Engine terms inside those parts (models.compose), scaled alike, for --explain: the exposed ZeRO-3/FSDP
+        # parameter gathers, DeepSpeed ZeRO-3's hooks, the exposed gradient reduction, recompute's and the
+        # reference's forward work.
+        e_zero3_gather_s=pl.Series(_col(df, "k_zero3_s") * ratio),
+        e_zero3_hooks_s=pl.Series(_col(df, "k_hook_s") * ratio),
+        e_grad_reduce_s=pl.Series(_col(df, "k_dp_s") * ratio),
+        e_recompute_s=pl.Series(_col(df, "k_recompute_s") * ratio),
+        e_reference_fwd_s=pl.Series(_col(df, "k_reference_s") * ratio),
         # The peak rank's parts, scaled like its total: they add up to peak_memory_gib.
         mem_states_gib=pl.Series(df["d_peak_states_gib"].to_numpy() * mratio),
         mem_activations_gib=pl.Series(df["d_peak_act_gib"].to_numpy() * mratio),
@@ -72,6 +86,13 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
              "optimizer/offload"]
     dom = np.array(names)[np.argmax(out.select(parts).to_numpy(), axis=1)]
     return out.with_columns(dominant=pl.Series(dom))
+
+
+# The engine terms --explain names (label -> column, core.schema ENGINE_PARTS), in models.compose's words.
+ENGINE_TERMS = {"exposed ZeRO-3/FSDP gather": "e_zero3_gather_s", "ZeRO-3 hook overhead": "e_zero3_hooks_s",
+                "exposed grad reduce-scatter/all-reduce": "e_grad_reduce_s", "recompute (of compute)": "e_recompute_s",
+                "reference forward (of compute)": "e_reference_fwd_s"}
+assert tuple(ENGINE_TERMS.values()) == ENGINE_PARTS
 
 
 @dataclass(frozen=True)
@@ -101,7 +122,8 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
                    "pp_comm_s": r["b_pp_comm_s"], "bubble_s": r["b_bubble_s"], "optimizer_s": r["b_optimizer_s"],
                    "states_gib": r["mem_states_gib"], "activations_gib": r["mem_activations_gib"],
                    "logits_gib": r["mem_logits_gib"], "reference_gib": r["mem_reference_gib"],
-                   "other_gib": r["mem_other_gib"]},
+                   "other_gib": r["mem_other_gib"],
+                   **{k[2:]: r[k] for k in ENGINE_TERMS.values() if k in r}},
         dominant=r["dominant"])
 
 

@@ -15,7 +15,7 @@ from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
 from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
 from perfpredict.models.bundle import Bundle
-from perfpredict.predictor.predict import load_predictor, predict_frame
+from perfpredict.predictor.predict import ENGINE_TERMS, load_predictor, predict_frame
 
 c = pl.col
 __all__ = ["RANK_COLUMNS", "Ranking", "fewest_gpus", "rank_plans", "what_would_fit"]
@@ -160,6 +160,10 @@ def explain(ranking: Ranking) -> str:
     gain, why = diffs[0]
     if gain > 0:
         lines.append(f"The main gain is {why} ({gain:.3f} s less per step).")
+    lines.append("Engine terms (s), #1 vs #2 (models.compose: within the parts above):")
+    for name, k in ENGINE_TERMS.items():
+        if k in a:
+            lines.append(f"  {name:<40} {a[k]:8.3f} vs {b[k]:8.3f}")
     lines.append(f"Memory: states {a['mem_states_gib']:.1f} vs {b['mem_states_gib']:.1f}, activations "
                  f"{a['mem_activations_gib']:.1f} vs {b['mem_activations_gib']:.1f}, logits {a['mem_logits_gib']:.1f} vs "
                  f"{b['mem_logits_gib']:.1f}, reference {a['mem_reference_gib']:.1f} vs {b['mem_reference_gib']:.1f}, "
