@@ -69,7 +69,7 @@ def rank_cmd(
     json_out: JsonOpt = None,
     csv_out: CsvOpt = None,
     plot: Annotated[Path | None, typer.Option(help="memory vs throughput PNG with the Pareto front")] = None,
-    emit: Annotated[str | None, typer.Option(help="deepspeed | fsdp | megatron | trl | torchrun: configs for #1")] = None,
+    emit: Annotated[str | None, typer.Option(help="deepspeed | fsdp | fsdp2 | megatron | trl | torchrun: configs for #1")] = None,
     emit_dir: EmitDirOpt = Path("perfpredict-plan"),
     predictor: PredictorOpt = None,
 ) -> None:

@@ -115,6 +115,7 @@ class Trainer:
     recompute_why: str = ""  # the clause refusing a recompute it lacks
     reference: str = AS_ASKED  # how a live reference is held (HOST_SWAP: the trainer swaps it in from host memory)
     emit: str = ""  # what `--emit` writes for it (messages)
+    config: str = ""  # which config emit writes for it (predictor.emit reads it: "torchtitan", "nemo-rl" ...)
 
     def __post_init__(self) -> None:
         from perfpredict.core.objectives import OBJECTIVES
@@ -192,12 +193,13 @@ class Capability:
 _FSDP_ZERO = "FSDP shards gradients and optimizer state at least: zero must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD)"
 _DS_OFFLOAD = "DeepSpeed optimizer offload needs ZeRO stage 1 or more"
 _HF = dict(tp=False, pp=False, cp=False, ep=False, recompute=("none", "full"))
-_MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit="Megatron-LM arguments")
+_MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit="Megatron-LM arguments",
+                       config="megatron-lm")
 # NeMo-Aligner's Megatron DPO trainer: preference_loss dpo / ipo / rpo_*, distributed_fused_adam (ZeRO-1-like), the
 # reference on the host swapped in per global batch (cpu_weight_swap); what `--emit torchrun` writes for it.
 _NEMO_ALIGNER_DPO = Trainer("NeMo-Aligner DPO (examples/nlp/gpt/train_gpt_dpo.py)", ("dpo", "ipo"),
                             zero_stages=(0, 1), optimizer_offload=False, reference=HOST_SWAP,
-                            emit="NeMo-Aligner overrides (target torchrun)")
+                            emit="NeMo-Aligner overrides (target torchrun)", config="nemo-aligner")
 
 CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
     Capability(
@@ -231,20 +233,20 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
         ep=False, zero_stages=(2, 3), zero_with_tp_dp=(2, 3), zero_single_replica=(0, 3), optimizer_offload_zero=(3,),
         recompute=("none", "selective", "full"), selective=EVERY_OTHER_MATMUL, moe_sequence_parallel=False,
         runtime="fsdp", family="zero", emit_target="fsdp2", launcher="torchrun",
-        emit_writes="a torchtitan job config (pretraining) or a NeMo-RL DTensor config (SFT, DPO)",
+        emit_writes="a torchtitan configuration (pretraining) or NeMo-RL overrides (SFT, DPO)",
         zero_refusal=_FSDP_ZERO,
         notes=("fully_shard per transformer block over dp (zero 3; zero 2 = reshard_after_forward False), DTensor "
                "TP/SP over tp; zero 0 only at dp 1 (TP alone); optimizer offload = CPUOffloadPolicy",
                "recompute selective = torchtitan's per-op SAC (every second matmul and the elementwise ops "
                "recomputed), full = every block"),
         trainers=(Trainer("torchtitan (torchtitan/train.py)", ("pretrain",),
-                          emit="a torchtitan job config (torchtitan.toml)"),
+                          emit="a torchtitan configuration module and launch.sh", config="torchtitan"),
                   Trainer("NeMo-RL DTensor policy worker (examples/run_sft.py, examples/run_dpo.py)", ("sft", "dpo"),
                           zero_stages=(0, 3), recompute=("none",),
                           recompute_why=("NeMo-RL's DTensor worker checkpoints only each layer's MLP "
                                          "(nemo_rl/models/dtensor/parallelize.py:467-469), which is not modelled: use "
                                          "recompute none"),
-                          reference=HOST_SWAP, emit="a NeMo-RL DTensor config (nemo_rl_config.yaml)"))),
+                          reference=HOST_SWAP, emit="NeMo-RL overrides in launch.sh", config="nemo-rl"))),
     Capability(
         "harness", "perfpredict collect's PyTorch-native harness", tp=True, sequence_parallel=True, pp=True,
         schedules=("gpipe", "1f1b"), pp_alone=True, cp=False, ep=False, zero_stages=(0, 1, 2, 3), zero_with_pp=(0,),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from perfpredict.core.frameworks import CAPABILITIES, DS_PREFETCH_BUCKET_HIDDEN2, RUNTIMES
+from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, RUNTIMES
 from perfpredict.features.compute import forward_passes, on_cpu, runtime_is, selective_share
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
@@ -440,6 +440,8 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
         .otherwise(c("k_dp_raw_s")) + c("k_dpgather_raw_s"),
         k_zero3_s=pl.when(shared).then(exp_f + exp_b * split).otherwise(
             _exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), tail)),
+        # The first gather of each pass, which nothing hides: the host waits for it too (below).
+        k_zero3_wait_s=c("k_zero3_raw_s") * tail.clip(0.0, 1.0),
         **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
     ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
     # What runs on the device in a stage; evaluated where used (the stage below sees TRL's calibrated compute).
@@ -463,9 +465,12 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     # our CPU host's ZeRO-3 steps (calibration.TrlCalibration zero3_hook_s), the same Python on a GPU host (an
     # overestimate where the GPU host's CPU is faster; TensorAuto/OpenTau#177 reports such hooks dominating GPU
     # steps of models with many small tensors).
+    # The first gather of each pass blocks the hook that fetches it (fetch_sub_module waits on its own module's
+    # parameters, :321-343), so that wait covers no host work.
+    budget = device + (c("k_zero3_s") + c("k_dp_s") - c("k_zero3_wait_s")).clip(lower_bound=0.0)
     out = out.with_columns(
-        k_hook_s=(cal["zero3_hook_s"] * _zero3_hook_units(gpu=True)
-                  - device - c("k_zero3_s") - c("k_dp_s")).clip(lower_bound=0.0))
+        k_hook_s=(cal["zero3_hook_s"] * _zero3_hook_units(gpu=True) - budget).clip(lower_bound=0.0)
+    ).drop("k_zero3_wait_s")
     stage = device + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
         k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s")
