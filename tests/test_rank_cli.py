@@ -153,6 +153,8 @@ def test_emit_targets_parse_back(tmp_path, target, framework):
         elif name.endswith(".yaml"):
             d = yaml.safe_load(text)
             assert d["num_processes"] == 16 and d["num_machines"] == 2
+        elif name == "nemo_aligner_overrides.txt":  # the DPO trainer on Megatron (NeMo-Aligner)
+            assert f"++model.tensor_model_parallel_size={best['p_tp']}" in text
         elif name.endswith(".txt"):
             toks = shlex.split("\n".join(line for line in text.splitlines() if not line.startswith("#")))
             assert toks[toks.index("--tensor-model-parallel-size") + 1] == str(best["p_tp"])
