@@ -625,5 +625,5 @@ def table_rows() -> list[dict[str, object]]:
                     "optimizer offload (zero)": "/".join(map(str, c.optimizer_offload_zero)) or "-",
                     "param offload (zero)": "/".join(map(str, c.param_offload_zero)) or "-",
                     "recompute": "/".join(c.recompute), "ranked": c.rankable, "emit": c.emit_target or "-",
-                    "objectives": "; ".join(f"{'/'.join(t.objectives)} ({t.name})" for t in c.trainers) or "all"})
+                    "objectives": "/".join(o for t in c.trainers for o in t.objectives) or "all"})
     return out
