@@ -421,7 +421,8 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     last_bucket = (LAST_BUCKET_BYTES / grad_bytes).clip(0.0, 1.0)
     # Where gradients reduce during the backward (overlap) at ZeRO-3, the backward's parameter gathers and the
     # gradient reduce-scatters share the data-parallel link and the backward to hide behind: FSDP2 runs them on
-    # two streams (all-gather and reduce-scatter, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py), and
+    # two streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext.lazy_init:
+    # all_gather_stream "overlapping next all-gather with current forward compute", reduce_scatter_stream), and
     # DeepSpeed on its allgather stream and reduce_and_partition_stream (stage3.py:1275-1330) with at most two
     # reduce buckets in flight before the host waits (:1305-1308). The forward's gathers (policy and live
     # reference) hide behind the forward only.

@@ -1,7 +1,8 @@
-"""What the engines do on GPUs (issue 19 item 3), as the composition models it: DeepSpeed ZeRO-3's gathers across
-nodes and its per-module hooks, ZeRO-3/FSDP gathers and reduce-scatters sharing the backward, recompute granularity
-per framework (torchtitan's per-op SAC), the trainers that run each objective with their reference handling, the
-FSDP2 + TP runtime, and --explain naming those terms."""
+"""What the engines do on GPUs (issue 19 item 3), as the composition models it, and the physics it keeps:
+DeepSpeed ZeRO-3's gathers across nodes (a slower inter-node link is strictly slower, a larger micro-batch hides more
+of the gather) and its per-module hooks, ZeRO-3/FSDP gathers and reduce-scatters sharing the backward, recompute
+granularity per framework (torchtitan's per-op SAC) and a live reference costing time, the trainers that run each
+objective with their reference handling, the FSDP2 + TP runtime, and --explain naming those terms."""
 
 from __future__ import annotations
 
