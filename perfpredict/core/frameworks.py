@@ -355,6 +355,10 @@ STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
 # own default is 5e7 (deepspeed/runtime/zero/config.py:208). The coordinator prefetches whole parameters until the
 # bucket is reached (partitioned_param_coordinator.py:380-406), at most stage3_max_live_parameters (1e9, :381) alive.
 DS_PREFETCH_BUCKET_HIDDEN2 = 0.9
+# transformers' "auto" reduce_bucket_size: hidden^2 elements (DeepSpeed's own default 5e8, config.py:109): ZeRO 1-3
+# reduce gradients in buckets of that many elements (stage3.py:1258-1270 flushes the bucket when the next gradient
+# would overflow it).
+DS_REDUCE_BUCKET_HIDDEN2 = 1.0
 
 
 def zero_optimization(stage: int, *, optimizer_offload: bool = False, param_offload: bool = False) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, RUNTIMES
+from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, RUNTIMES
 from perfpredict.features.compute import forward_passes, on_cpu, runtime_is, selective_share
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
@@ -115,6 +115,10 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         attn_fwd_extra=forward_passes() - 1.0 + sel * selective_share("attention_fwd"), ref=ref,
         rc_full=full, rc_attn=sel * selective_share("attention_fwd"),
         z3_chunks=_zero3_chunks(),
+        # DeepSpeed reduces gradients in buckets of reduce_bucket_size elements (transformers' auto: hidden^2).
+        rs_chunks=pl.when(runtime_is(lambda r: r.zero3_prefetch_buckets)).then(
+            (c("d_params_rank") / (DS_REDUCE_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2)).clip(1.0, None)
+            .round(0)).otherwise(1.0),
         head_fwd=c("d_head_fwd_passes"), head_ce=c("d_head_ce_passes"), head_fold=c("d_head_fold_ce"),
         h=c("m_hidden").cast(pl.Float64), a=c("m_heads").cast(pl.Float64), kv=c("m_kv_heads").cast(pl.Float64),
         hd=c("m_head_dim").cast(pl.Float64), t=c("p_tp").cast(pl.Float64), V=c("m_vocab").cast(pl.Float64),
@@ -234,9 +238,11 @@ def _comm(b: pl.DataFrame) -> list[pl.DataFrame]:
         b.filter((c("dp") > 1) & (c("zero") == 0)).select(
             "row", "hardware", op=pl.lit("all_reduce"), bytes=_i(grad_bytes), world_size=c("dp"),
             ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=c("syncs"), part=pl.lit("dp"), **kw),
+        # Gradient reduce-scatters: DeepSpeed in reduce buckets (z3_rs_chunks messages), others one per sync.
         b.filter((c("dp") > 1) & (c("zero") >= 1)).select(
-            "row", "hardware", op=pl.lit("reduce_scatter"), bytes=_i(grad_bytes), world_size=c("dp"),
-            ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=c("syncs"), part=pl.lit("dp"), **kw),
+            "row", "hardware", op=pl.lit("reduce_scatter"), bytes=_i(grad_bytes / c("rs_chunks")), world_size=c("dp"),
+            ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=c("syncs") * c("rs_chunks"),
+            part=pl.lit("dp"), **kw),
         # ZeRO-1/2 gather the updated parameters after the optimizer step: nothing left to hide it behind.
         b.filter((c("dp") > 1) & c("zero").is_in([1, 2])).select(
             "row", "hardware", op=pl.lit("all_gather"), bytes=_i(c("params") * 2.0), world_size=c("dp"),
