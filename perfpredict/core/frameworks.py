@@ -457,6 +457,8 @@ def trainer_refusal(plan: Plan, objective: str, *, framework: str | None = None)
     """None when one of the framework's trainers runs `objective` on this plan, else why not: no trainer runs the
     objective, or the one that does cannot run the plan's ZeRO stage, offload or recompute."""
     cap = capability(framework or plan.framework)
+    if not cap.trainers:  # runs every objective itself (TRL's trainers and the TRL-driven runtimes)
+        return None
     t = cap.trainer_for(objective)
     if t is None:
         runs = "; ".join(f"{x.name}: {', '.join(x.objectives)}" for x in cap.trainers)
