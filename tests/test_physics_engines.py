@@ -153,6 +153,9 @@ def test_live_reference_is_held_as_the_trainer_holds_it():
              Plan(framework="deepspeed", dp=8, zero=1, micro_batch=1, grad_accum=8)]
     d = describe(plans_frame(LLAMA8, Cluster(H100, 8, 1), w, plans))
     assert d["w_reference"].to_list() == ["offloaded", "live"]
+    # NeMo-Aligner's cpu_weight_swap moves the rank's bf16 weights three times per step (out, reference in, back).
+    assert d["d_host_bytes"][0] == pytest.approx(3 * 2.0 * d["d_params_rank"][0])
+    assert d["d_host_bytes"][1] == 0.0
 
 
 @pytest.mark.parametrize("framework", ["trl", "fsdp2"])

@@ -114,6 +114,11 @@ class Trainer:
     recompute: tuple[str, ...] | None = None  # None: what the framework allows
     recompute_why: str = ""  # the clause refusing a recompute it lacks
     reference: str = AS_ASKED  # how a live reference is held (HOST_SWAP: the trainer swaps it in from host memory)
+    # Host<->GPU copies of the rank's resident weights per reference scoring (once per global batch) when it swaps
+    # them: NeMo-Aligner's cpu_weight_swap (NVIDIA/NeMo-Aligner nemo_aligner/utils/utils.py swap_dict: the policy's
+    # state dict to host, the reference's in, the policy's back) and NeMo-RL's use_reference_model
+    # (dtensor_policy_worker.py:621-657) both make three.
+    reference_swap_copies: int = 0
     emit: str = ""  # what `--emit` writes for it (messages)
     config: str = ""  # which config emit writes for it (predictor.emit reads it: "torchtitan", "nemo-rl" ...)
 
@@ -198,7 +203,7 @@ _MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit=
 # NeMo-Aligner's Megatron DPO trainer: preference_loss dpo / ipo / rpo_*, distributed_fused_adam (ZeRO-1-like), the
 # reference on the host swapped in per global batch (cpu_weight_swap); what `--emit torchrun` writes for it.
 _NEMO_ALIGNER_DPO = Trainer("NeMo-Aligner DPO (examples/nlp/gpt/train_gpt_dpo.py)", ("dpo", "ipo"),
-                            zero_stages=(0, 1), optimizer_offload=False, reference=HOST_SWAP,
+                            zero_stages=(0, 1), optimizer_offload=False, reference=HOST_SWAP, reference_swap_copies=3,
                             emit="NeMo-Aligner overrides (target torchrun)", config="nemo-aligner")
 
 CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
@@ -246,7 +251,8 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
                           recompute_why=("NeMo-RL's DTensor worker checkpoints only each layer's MLP "
                                          "(nemo_rl/models/dtensor/parallelize.py:467-469), which is not modelled: use "
                                          "recompute none"),
-                          reference=HOST_SWAP, emit="NeMo-RL overrides in launch.sh", config="nemo-rl"))),
+                          reference=HOST_SWAP, reference_swap_copies=3, emit="NeMo-RL overrides in launch.sh",
+                          config="nemo-rl"))),
     Capability(
         "harness", "perfpredict collect's PyTorch-native harness", tp=True, sequence_parallel=True, pp=True,
         schedules=("gpipe", "1f1b"), pp_alone=True, cp=False, ep=False, zero_stages=(0, 1, 2, 3), zero_with_pp=(0,),
@@ -482,6 +488,13 @@ def reference_handling(framework: str, objective: str, reference: str) -> str:
     if reference == "live" and t is not None and t.reference:
         return t.reference
     return reference
+
+
+def reference_swap_copies(framework: str, objective: str) -> int:
+    """Copies of the rank's resident weights the trainer moves over PCIe per step to score with the reference
+    (0: it does not swap; an `offloaded` reference the user asked for then streams the weights once)."""
+    t = capability(framework).trainer_for(objective) if framework in CAPABILITIES else None
+    return t.reference_swap_copies if t is not None and capability(framework).trainers else 0
 
 
 def refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None,

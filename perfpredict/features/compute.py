@@ -38,6 +38,21 @@ def selective_share(field: str) -> pl.Expr:
                                            default=getattr(CORE_ATTENTION, field), return_dtype=pl.Float64)
 
 
+def _swap_copies() -> pl.Expr:
+    """Per row, the weight copies its trainer makes to swap the reference in (core.frameworks
+    reference_swap_copies), 0 where none does."""
+    from perfpredict.core.frameworks import CAPABILITIES, reference_swap_copies
+    from perfpredict.core.objectives import OBJECTIVES
+
+    out = pl.lit(0.0)
+    for f in CAPABILITIES:
+        for o in OBJECTIVES:
+            n = reference_swap_copies(f, o)
+            if n:
+                out = pl.when((c("p_framework") == f) & (c("w_objective") == o)).then(float(n)).otherwise(out)
+    return out
+
+
 def on_cpu(name: pl.Expr | None = None) -> pl.Expr:
     """Rows on a CPU host (any catalog entry of vendor "cpu"), from the hardware name column (default g_name)."""
     from perfpredict.core.catalog import cpu_names
@@ -122,7 +137,14 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # CPU Adam over the offloaded shard: ZeRO-Offload (Ren et al. 2021) reports its CPU-Adam at roughly 1 s per
     # 1e9 parameters per process; a coarse descriptor the learned correction may refine.
     cpu_adam = pl.when(c("p_offload")).then(params / pl.when(c("p_zero") >= 1).then(d).otherwise(1.0) * 1e-9).otherwise(0.0)
-    ref_swap = pl.when(c("w_reference") == "offloaded").then(params * 2.0).otherwise(0.0)
+    # A trainer that swaps its resident weights for the reference's (NeMo-Aligner, NeMo-RL: core.frameworks
+    # Trainer.reference_swap_copies) moves them three times per step, in their resident dtype and shard (FSDP2:
+    # the fp32 shard); otherwise an offloaded reference streams its 16-bit weights in once.
+    copies = _swap_copies()
+    resident = params * pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(2.0) / pl.when(
+        runtime_from_zero("reference_sharded_from_zero")).then(d).otherwise(1.0)
+    ref_swap = pl.when(c("w_reference") == "offloaded").then(
+        pl.when(copies > 0).then(copies * resident).otherwise(params * 2.0)).otherwise(0.0)
     # ZeRO-Infinity parameter offload: each micro-batch fetches this rank's parameter shard from the host for the
     # forward and again for the backward (and the live reference's forward).
     shard = params / pl.when(c("p_zero") >= 3).then(d).otherwise(1.0)
