@@ -177,5 +177,5 @@ RANK_COLUMNS = (
     "p_stage_layers", "samples_per_s", "tokens_per_s",
     "step_time_s", "step_time_lo_s", "step_time_hi_s", "time_to_finish_h", "peak_memory_gib",
     "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", *STEP_TIME_PARTS, *MEMORY_PARTS,
-    "g_memory_gib",
+    "g_memory_gib", "headroom_gib", "host_ram_gib",
 )

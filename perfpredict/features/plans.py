@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from perfpredict.core.errors import require
 from perfpredict.core.frameworks import (
@@ -25,6 +26,9 @@ from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan
 from perfpredict.core.workload import Workload
+
+if TYPE_CHECKING:
+    import polars as pl
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -176,6 +180,20 @@ def _offloads(base: Plan, zero: int, dp: int, offload: bool) -> list[tuple[bool,
     if offload_ok and refusal(replace(at_zero, optimizer_offload=True, param_offload=True)) is None:
         offloads.append((True, True))
     return offloads
+
+
+def refuse_host_ram(described: pl.DataFrame, *, host_ram_gib_per_node: float, rej: Rejections) -> pl.DataFrame:
+    """The plans whose offloaded states fit in a node's host RAM (features.memory.host_memory: what the ranks of one
+    node pin there); the others are refused, counted with the reason. The enumeration above cannot ask this (it
+    needs the model's sizes per rank), so it is asked of the described frame, before anything is predicted.
+    A cluster without a host RAM figure (0: CPU hosts, whose device memory is host memory) is not checked."""
+    if host_ram_gib_per_node <= 0 or not described.height:
+        return described
+    over = described["d_host_ram_node_gib"] > host_ram_gib_per_node
+    n = int(over.sum())
+    if n:
+        rej.add(f"offloaded states need more host RAM than a node's {host_ram_gib_per_node:,.0f} GiB", n)
+    return described.filter(~over)
 
 
 def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,

@@ -13,12 +13,13 @@ from perfpredict.core.model import ModelSpec
 from perfpredict.core.schema import RANK_COLUMNS
 from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
-from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
+from perfpredict.features.descriptors import describe
+from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans, refuse_host_ram
 from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import load_predictor, predict_frame
 
 c = pl.col
-__all__ = ["RANK_COLUMNS", "Ranking", "fewest_gpus", "rank_plans", "what_would_fit"]
+__all__ = ["RANK_COLUMNS", "GpuSearch", "Ranking", "fewest_gpus", "rank_plans", "what_would_fit"]
 @dataclass
 class Ranking:
     table: pl.DataFrame  # every legal plan, fitting ones first, best predicted throughput first
@@ -60,18 +61,32 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
                bundle: Bundle | None = None) -> Ranking:
     rej = Rejections()
     plans = list(enumerate_plans(model, cluster, workload, space, rej))
-    if not plans:
+    described = describe(plans_frame(model, cluster, workload, plans)) if plans else None
+    notes = []
+    if described is not None:
+        offload = described.filter(c("d_host_ram_node_gib") > 0)
+        described = refuse_host_ram(described, host_ram_gib_per_node=cluster.host_ram_gib_per_node, rej=rej)
+        refused = offload.height - described.filter(c("d_host_ram_node_gib") > 0).height
+        if refused:
+            least = offload["d_host_ram_node_gib"].filter(offload["d_host_ram_node_gib"]
+                                                          > cluster.host_ram_gib_per_node).min()
+            notes.append(f"{refused:,} offload plan(s) refused: their offloaded states need {least:,.0f} GiB of "
+                         f"host RAM per node or more, the node has {cluster.host_ram_gib_per_node:,.0f} GiB "
+                         "(--host-ram-gib)")
+    if described is None or not described.height:
         reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
         raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
                                f"{workload.global_batch}: {reasons}")
     bundle = bundle or load_predictor()
-    df = predict_frame(plans_frame(model, cluster, workload, plans), bundle=bundle)
+    df = predict_frame(described, bundle=bundle, described=True)
     # Time to finish: the dataset's samples at the predicted rate, plus the one-off reference pass when the
     # reference log-probs are precomputed (a forward over the dataset at the step's achieved FLOP rate).
     rate = c("d_flops_per_step") / c("step_time_s")
     total = c("w_dataset_size").cast(pl.Float64) * c("w_epochs")
     df = df.with_columns(
         plan=_label_expr(),
+        # What is left of GPU memory at the predicted peak, and the host RAM a node's offloaded states pin.
+        headroom_gib=c("g_memory_gib") - c("peak_memory_gib"), host_ram_gib=c("d_host_ram_node_gib"),
         time_to_finish_h=pl.when(total > 0).then(
             (total / c("samples_per_s") + c("d_precompute_flops") / rate) / 3600.0).otherwise(None),
     )
@@ -80,7 +95,7 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
     df = df.sort(["fits", "samples_per_s", "peak_memory_gib", "plan"], descending=[True, True, False, False],
                  maintain_order=True).with_row_index("rank", offset=1)
     return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
-                   cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin)
+                   cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin, notes=notes)
 
 
 def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
@@ -118,23 +133,64 @@ def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, sp
     return tips
 
 
-def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, target_samples_per_s: float,
-                space: PlanSpace | None = None, bundle: Bundle | None = None, max_nodes: int = 128
-                ) -> Ranking | None:
-    """The smallest cluster of this GPU (whole nodes beyond one) whose best fitting plan meets the target."""
+@dataclass
+class GpuSearch:
+    """What `--gpus auto` found: the smallest cluster that meets the goal (a fitting plan, and the throughput target
+    when one is set), else the fastest fitting cluster tried; the counts ranked, and why the search stopped."""
+
+    ranking: Ranking | None  # the smallest cluster meeting the goal, else the fastest fitting one (None: none fits)
+    met: bool
+    tried: tuple[int, ...]
+    stopped: str = ""
+
+
+def gpu_counts(gpus_per_node: int, max_nodes: int = 128) -> list[int]:
+    """The cluster sizes `--gpus auto` tries, smallest first: part of one node (1, 2, 4), then whole nodes."""
+    return [g for g in (1, 2, 4) if g < gpus_per_node] + [
+        gpus_per_node * n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if n <= max_nodes]
+
+
+# A target the throughput is not reaching: stop after this many larger clusters in a row without a gain of at least
+# PLATEAU_GAIN over the best so far. More GPUs at a fixed global batch run out of data parallelism and pay for
+# deeper pipelines and wider TP; the ranking of 512 GPUs takes seconds, so searching on to 1,024 would cost half a
+# minute to say no.
+PLATEAU_COUNTS = 3
+PLATEAU_GAIN = 1.05
+
+
+def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, target_samples_per_s: float = 0.0,
+                space: PlanSpace | None = None, bundle: Bundle | None = None, max_nodes: int = 128) -> GpuSearch:
+    """The smallest cluster of this GPU (whole nodes beyond one) with a plan predicted to fit, or, with a target,
+    whose best fitting plan meets it. A target that is not reached: the fastest fitting cluster tried, the search
+    stopping once PLATEAU_COUNTS larger clusters in a row gain less than PLATEAU_GAIN."""
     gpn = cluster.gpus_per_node
-    counts = [g for g in (1, 2, 4) if g < gpn] + [gpn * n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-                                                  if n <= max_nodes]
-    for g in counts:
+    best: Ranking | None = None
+    tried: list[int] = []
+    since_best = 0
+    for g in gpu_counts(gpn, max_nodes):
         per_node, nodes = node_shape(g, gpn)
         cl = replace(cluster, gpus_per_node=per_node, nodes=nodes)
+        tried.append(g)
         try:
             r = rank_plans(model=model, cluster=cl, workload=workload, space=space, bundle=bundle)
         except PerfPredictError:
+            since_best += best is not None
             continue
-        if r.fitting.height and r.fitting["samples_per_s"][0] >= target_samples_per_s:
-            return r
-    return None
+        if not r.fitting.height:
+            since_best += best is not None
+        elif target_samples_per_s <= 0 or r.fitting["samples_per_s"][0] >= target_samples_per_s:
+            return GpuSearch(ranking=r, met=True, tried=tuple(tried))
+        elif best is None or r.fitting["samples_per_s"][0] >= PLATEAU_GAIN * best.fitting["samples_per_s"][0]:
+            best, since_best = r, 0
+        else:
+            since_best += 1
+            if r.fitting["samples_per_s"][0] > best.fitting["samples_per_s"][0]:
+                best = r
+        if best is not None and since_best >= PLATEAU_COUNTS:
+            return GpuSearch(ranking=best, met=False, tried=tuple(tried),
+                             stopped=f"{PLATEAU_COUNTS} larger clusters in a row gained less than "
+                                     f"{100 * (PLATEAU_GAIN - 1):.0f}%")
+    return GpuSearch(ranking=best, met=False, tried=tuple(tried), stopped=f"tried up to {tried[-1]:,} GPUs")
 
 
 EXPLAIN_PARTS = (("compute", "b_compute_s"), ("TP communication", "b_tp_comm_s"), ("DP communication", "b_dp_comm_s"),
