@@ -141,9 +141,9 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
         found = fewest_gpus(model=m, cluster=base, workload=w, target_samples_per_s=target_samples_per_s,
                             space=space, bundle=b)
         unit = "pairs" if w.is_preference else "samples"
-        tried = f"{len(found.tried)} cluster sizes tried, {found.tried[0]:,} to {found.tried[-1]:,} GPUs"
+        tried = f"{len(found.tried)} cluster sizes tried, {min(found.tried):,} to {max(found.tried):,} GPUs"
         if found.ranking is None:
-            raise PerfPredictError(f"no plan fits on up to {found.tried[-1]:,} {gpu} GPUs ({tried})")
+            raise PerfPredictError(f"no plan fits on up to {max(found.tried):,} {gpu} GPUs ({tried})")
         r = found.ranking
         where = f"{r.cluster.gpus:,} ({r.cluster.nodes} node(s) of {r.cluster.gpus_per_node})"
         best = r.fitting["samples_per_s"][0]
@@ -155,7 +155,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
                          "(--target-pairs-per-s asks for a throughput)")
         else:
             notes.append(f"target {target_samples_per_s:g} {unit}/s NOT reached: the best found is {num(best)} "
-                         f"{unit}/s on {where} ({tried}; stopped: {found.stopped})")
+                         f"{unit}/s on {where} GPUs ({tried}); {found.stopped}")
         return RankReport(ranking=r, notes=[*r.notes, *notes])
     cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
                            inter_node_bw=inter_node_bw, host_ram_gib=host_ram_gib)

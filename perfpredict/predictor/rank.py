@@ -12,8 +12,8 @@ from perfpredict.core.hardware import Cluster, node_shape
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.schema import RANK_COLUMNS
 from perfpredict.core.workload import Workload
-from perfpredict.features.frame import plans_frame
 from perfpredict.features.descriptors import describe
+from perfpredict.features.frame import plans_frame
 from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans, refuse_host_ram
 from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import load_predictor, predict_frame
@@ -144,53 +144,84 @@ class GpuSearch:
     stopped: str = ""
 
 
-def gpu_counts(gpus_per_node: int, max_nodes: int = 128) -> list[int]:
-    """The cluster sizes `--gpus auto` tries, smallest first: part of one node (1, 2, 4), then whole nodes."""
-    return [g for g in (1, 2, 4) if g < gpus_per_node] + [
-        gpus_per_node * n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if n <= max_nodes]
+def gpu_counts(gpus_per_node: int, max_nodes: int = 128) -> tuple[list[int], list[int]]:
+    """The cluster sizes `--gpus auto` tries, smallest first: part of one node (1, 2, 4) and powers of two of whole
+    nodes, then the sizes between them (3, 6, 12 ... nodes), tried only below the first size that meets the goal."""
+    part = [g for g in (1, 2, 4) if g < gpus_per_node]
+    main = part + [gpus_per_node * n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n <= max_nodes]
+    between = [gpus_per_node * n for n in (3, 6, 12, 24, 48, 96) if n <= max_nodes]
+    return main, between
 
 
-# A target the throughput is not reaching: stop after this many larger clusters in a row without a gain of at least
-# PLATEAU_GAIN over the best so far. More GPUs at a fixed global batch run out of data parallelism and pay for
-# deeper pipelines and wider TP; the ranking of 512 GPUs takes seconds, so searching on to 1,024 would cost half a
-# minute to say no.
+# A target the throughput is not reaching: stop after this many larger sizes in a row without a gain of at least
+# PLATEAU_GAIN over the best so far (more GPUs at a fixed global batch run out of data parallelism and pay for
+# deeper pipelines and wider TP), or as soon as even SCALING_SLACK x perfectly linear scaling of the best per-GPU
+# rate found would not reach it on the largest size (the slack covers what more memory buys: no offload, larger
+# micro-batches). Ranking 1,024 GPUs takes seconds, so searching on to say no cost half a minute.
 PLATEAU_COUNTS = 3
 PLATEAU_GAIN = 1.05
+SCALING_SLACK = 4.0
 
 
 def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, target_samples_per_s: float = 0.0,
                 space: PlanSpace | None = None, bundle: Bundle | None = None, max_nodes: int = 128) -> GpuSearch:
     """The smallest cluster of this GPU (whole nodes beyond one) with a plan predicted to fit, or, with a target,
-    whose best fitting plan meets it. A target that is not reached: the fastest fitting cluster tried, the search
-    stopping once PLATEAU_COUNTS larger clusters in a row gain less than PLATEAU_GAIN."""
+    whose best fitting plan meets it. Sizes are tried as gpu_counts orders them: powers of two first, then the sizes
+    between the last one that fell short and the first that met the goal. A target that is not reached: the fastest
+    fitting cluster tried, the search stopping early as PLATEAU_COUNTS and SCALING_SLACK say."""
     gpn = cluster.gpus_per_node
-    best: Ranking | None = None
+    main, between = gpu_counts(gpn, max_nodes)
     tried: list[int] = []
-    since_best = 0
-    for g in gpu_counts(gpn, max_nodes):
+
+    def best_at(g: int) -> Ranking | None:
+        """The ranking of g GPUs when some plan fits there, else None."""
         per_node, nodes = node_shape(g, gpn)
-        cl = replace(cluster, gpus_per_node=per_node, nodes=nodes)
         tried.append(g)
         try:
-            r = rank_plans(model=model, cluster=cl, workload=workload, space=space, bundle=bundle)
+            r = rank_plans(model=model, cluster=replace(cluster, gpus_per_node=per_node, nodes=nodes),
+                           workload=workload, space=space, bundle=bundle)
         except PerfPredictError:
-            since_best += best is not None
-            continue
-        if not r.fitting.height:
-            since_best += best is not None
-        elif target_samples_per_s <= 0 or r.fitting["samples_per_s"][0] >= target_samples_per_s:
+            return None
+        return r if r.fitting.height else None
+
+    def meets(r: Ranking | None) -> bool:
+        return r is not None and (target_samples_per_s <= 0 or r.fitting["samples_per_s"][0] >= target_samples_per_s)
+
+    def speed(r: Ranking) -> float:
+        return r.fitting["samples_per_s"][0]
+
+    best: Ranking | None = None
+    since_best, rate, below = 0, 0.0, 0
+    for g in main:
+        r = best_at(g)
+        if meets(r):
+            for h in (h for h in between if below < h < g):  # a smaller size between the last short one and g
+                rh = best_at(h)
+                if meets(rh):
+                    return GpuSearch(ranking=rh, met=True, tried=tuple(tried))
             return GpuSearch(ranking=r, met=True, tried=tuple(tried))
-        elif best is None or r.fitting["samples_per_s"][0] >= PLATEAU_GAIN * best.fitting["samples_per_s"][0]:
+        below = g
+        if r is None:
+            since_best += best is not None
+        elif best is None or speed(r) >= PLATEAU_GAIN * speed(best):
             best, since_best = r, 0
         else:
             since_best += 1
-            if r.fitting["samples_per_s"][0] > best.fitting["samples_per_s"][0]:
-                best = r
+            best = r if speed(r) > speed(best) else best
+        if r is not None:
+            rate = max(rate, speed(r) / g)
         if best is not None and since_best >= PLATEAU_COUNTS:
             return GpuSearch(ranking=best, met=False, tried=tuple(tried),
-                             stopped=f"{PLATEAU_COUNTS} larger clusters in a row gained less than "
+                             stopped=f"stopped: {PLATEAU_COUNTS} larger sizes in a row gained less than "
                                      f"{100 * (PLATEAU_GAIN - 1):.0f}%")
-    return GpuSearch(ranking=best, met=False, tried=tuple(tried), stopped=f"tried up to {tried[-1]:,} GPUs")
+        if rate and rate * main[-1] * SCALING_SLACK < target_samples_per_s:
+            unit = "pairs" if workload.is_preference else "samples"
+            return GpuSearch(ranking=best, met=False, tried=tuple(tried),
+                             stopped=f"out of reach: even {SCALING_SLACK:g}x linear scaling of the best rate per "
+                                     f"GPU found ({num(rate)} {unit}/s) gives {num(rate * main[-1] * SCALING_SLACK)}"
+                                     f" {unit}/s on {main[-1]:,} GPUs")
+    return GpuSearch(ranking=best, met=False, tried=tuple(tried),
+                     stopped=f"no larger size is tried (at most {max_nodes} nodes)")
 
 
 EXPLAIN_PARTS = (("compute", "b_compute_s"), ("TP communication", "b_tp_comm_s"), ("DP communication", "b_dp_comm_s"),
