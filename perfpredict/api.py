@@ -173,7 +173,8 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
     if count_note is not None:
         notes.append(count_note)
     if r.fitting.height == 0:
-        tips = what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b, gpus_per_node=gpus_per_node)
+        tips = what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b, gpus_per_node=gpus_per_node,
+                              more_host_ram=r.host_ram_refused > 0)
         if tips:
             notes.append("nothing fits on this cluster. What would:")
             notes += ["  " + t for t in tips]
@@ -328,7 +329,8 @@ def catalog_rows(*, kind: str) -> list[dict[str, str]]:
     if kind == "gpus":
         return [{"name": g.name, "memory GiB": f"{g.memory_gib:g}", "bf16 TFLOP/s": f"{g.bf16_tflops:g}",
                  "HBM TB/s": f"{g.hbm_tb_per_s:g}", "intra GB/s": f"{g.intra_node_bw_gb_per_s:g}",
-                 "inter GB/s": f"{g.inter_node_bw_gb_per_s:g}"}
+                 "inter GB/s": f"{g.inter_node_bw_gb_per_s:g}",
+                 "node host RAM GiB": f"{g.node_host_ram_gib:,.0f}" if g.node_host_ram_gib else "-"}
                 for g in sorted(gpu_catalog().values(), key=lambda g: g.name)]
     if kind == "models":
         return [{"name": m.name, "params (B)": f"{m.param_count / 1e9:.2f}", "layers": str(m.layers),

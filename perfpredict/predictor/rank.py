@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import polars as pl
@@ -19,6 +20,7 @@ from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import load_predictor, predict_frame
 
 c = pl.col
+HOST_RAM_UNBOUNDED_GIB = 1e6  # what_would_fit's "more host RAM": no node limit, the tip names what the plan needs
 __all__ = ["RANK_COLUMNS", "GpuSearch", "Ranking", "fewest_gpus", "rank_plans", "what_would_fit"]
 @dataclass
 class Ranking:
@@ -29,6 +31,7 @@ class Ranking:
     model: ModelSpec
     oom_margin: float = 0.0  # fits when predicted peak x (1 + margin) <= GPU memory
     notes: list[str] = field(default_factory=list)
+    host_ram_refused: int = 0  # offload plans refused: their node cannot hold the offloaded states
 
     @property
     def fitting(self) -> pl.DataFrame:
@@ -95,13 +98,16 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
     df = df.sort(["fits", "samples_per_s", "peak_memory_gib", "plan"], descending=[True, True, False, False],
                  maintain_order=True).with_row_index("rank", offset=1)
     return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
-                   cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin, notes=notes)
+                   cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin, notes=notes,
+                   host_ram_refused=rej.counts[next((k for k in rej.counts if "host RAM" in k), "")])
 
 
 def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
-                   bundle: Bundle | None = None, gpus_per_node: int | None = None) -> list[str]:
+                   bundle: Bundle | None = None, gpus_per_node: int | None = None,
+                   more_host_ram: bool = False) -> list[str]:
     """When nothing fits: which single change makes some plan fit (more GPUs, a precomputed or offloaded
-    reference), each with the best plan it gives."""
+    reference, and with more_host_ram, when offload plans were refused for it, a node with more host RAM), each
+    with the best plan it gives."""
     tips = []
     variants: list[tuple[str, Cluster, Workload]] = []
     if workload.reference == "live":
@@ -109,6 +115,12 @@ def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, sp
                          replace(workload, reference="precomputed")))
         variants.append(("offload the reference model (--reference offloaded)", cluster,
                          replace(workload, reference="offloaded")))
+    if more_host_ram:  # the offload plans refused for host RAM, alone and with the reference precomputed
+        roomy = replace(cluster, host_ram_gib_per_node=HOST_RAM_UNBOUNDED_GIB)
+        variants.append(("use", roomy, workload))
+        if workload.reference == "live":
+            variants.append(("precompute the reference log-probs (--reference precomputed) and use", roomy,
+                             replace(workload, reference="precomputed")))
     # More GPUs as the one GPU-count rule builds them: fill the node first, then whole nodes.
     per_node = max(gpus_per_node or 0, cluster.gpus_per_node)
     for mult in (2, 4, 8):
@@ -126,9 +138,11 @@ def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, sp
         if r.fitting.height:
             best = r.fitting.row(0, named=True)
             unit = "pairs" if wl.is_preference else "samples"
+            if cl.host_ram_gib_per_node == HOST_RAM_UNBOUNDED_GIB:
+                tip = f"{tip} a node with {math.ceil(best['host_ram_gib']):,} GiB of host RAM (--host-ram-gib)"
             tips.append(f"{tip}: best {best['plan']} at {num(best['samples_per_s'])} {unit}/s, "
                         f"{best['peak_memory_gib']:.1f} GiB")
-            if tip.startswith("use"):
+            if tip.startswith("use ") and cl.host_ram_gib_per_node != HOST_RAM_UNBOUNDED_GIB:
                 break
     return tips
 
