@@ -167,7 +167,8 @@ DESCRIPTOR_COLUMNS = (
 
 # The step-time parts (b_*) and the peak rank's memory parts (mem_*) of a prediction; each set adds up to its total
 # (step_time_s, peak_memory_gib).
-STEP_TIME_PARTS = ("b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s")
+STEP_TIME_PARTS = ("b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s",
+                   "b_stall_s")
 MEMORY_PARTS = ("mem_states_gib", "mem_activations_gib", "mem_logits_gib", "mem_reference_gib", "mem_other_gib")
 
 # The ranking `rank` returns (predictor.rank.Ranking.table), in this column order.

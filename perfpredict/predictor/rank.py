@@ -240,7 +240,7 @@ def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, targe
 
 EXPLAIN_PARTS = (("compute", "b_compute_s"), ("TP communication", "b_tp_comm_s"), ("DP communication", "b_dp_comm_s"),
                  ("pipeline communication", "b_pp_comm_s"), ("pipeline bubble", "b_bubble_s"),
-                 ("optimizer/offload", "b_optimizer_s"))
+                 ("optimizer/offload", "b_optimizer_s"), ("pipeline stall risk", "b_stall_s"))
 
 
 def explain(ranking: Ranking) -> str:
