@@ -111,6 +111,7 @@ class Prediction:
     peak_memory_interval_gib: tuple[float, float]
     breakdown: dict[str, float]
     dominant: str
+    host_ram_gib: float = 0.0  # host RAM the offloaded states pin per node (features.memory.host_memory)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,7 +129,7 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
                    "states_gib": r["mem_states_gib"], "activations_gib": r["mem_activations_gib"],
                    "logits_gib": r["mem_logits_gib"], "reference_gib": r["mem_reference_gib"],
                    "other_gib": r["mem_other_gib"]},
-        dominant=r["dominant"])
+        dominant=r["dominant"], host_ram_gib=r["d_host_ram_node_gib"])
 
 
 @dataclass(frozen=True)
