@@ -20,6 +20,7 @@ from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import load_predictor, predict_frame
 
 c = pl.col
+STALL_NOTE_SHARE = 0.1  # rank says so when this share of #1's step is the pipeline-stall risk (b_stall_s)
 HOST_RAM_UNBOUNDED_GIB = 1e6  # what_would_fit's "more host RAM": no node limit, the tip names what the plan needs
 __all__ = ["RANK_COLUMNS", "GpuSearch", "Ranking", "fewest_gpus", "rank_plans", "what_would_fit"]
 @dataclass
@@ -97,6 +98,12 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
     # then to the label (so a rerun ranks identically).
     df = df.sort(["fits", "samples_per_s", "peak_memory_gib", "plan"], descending=[True, True, False, False],
                  maintain_order=True).with_row_index("rank", offset=1)
+    top = df.filter(c("fits")).head(1)
+    if top.height and top["b_stall_s"][0] > STALL_NOTE_SHARE * top["step_time_s"][0]:
+        t = top.row(0, named=True)
+        notes.append(f"#1's step of {t['step_time_s']:.3g} s holds {t['b_stall_s']:.3g} s of pipeline-stall risk: its "
+                     "pipeline crosses nodes, where measured runs either stall or do not, and the prediction is their "
+                     f"average; stall-free it would take {t['step_time_s'] - t['b_stall_s']:.3g} s")
     return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
                    cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin, notes=notes,
                    host_ram_refused=rej.counts[next((k for k in rej.counts if "host RAM" in k), "")])
