@@ -124,7 +124,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
                 predictor: Path | str | None = None, host_ram_gib: float = 0.0) -> RankReport:
     """Everything `perfpredict rank` prints: the ranking plus notes (target met or not, what would fit).
     gpus=None: the fewest GPUs with a fitting plan (meeting target_samples_per_s when it is set)."""
-    from perfpredict.predictor.rank import fewest_gpus, rank_plans, what_would_fit
+    from perfpredict.predictor.rank import fewest_gpus, host_ram_refused, rank_plans, ranking_notes, what_would_fit
 
     check_number("target pairs/s", target_samples_per_s, 0.0, 1e12)
     if gpus is not None:
@@ -156,7 +156,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
         else:
             notes.append(f"target {target_samples_per_s:g} {unit}/s NOT reached: the best found is {num(best)} "
                          f"{unit}/s on {where} GPUs ({tried}); {found.stopped}")
-        return RankReport(ranking=r, notes=[*r.notes, *notes])
+        return RankReport(ranking=r, notes=[*ranking_notes(r), *notes])
     cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
                            inter_node_bw=inter_node_bw, host_ram_gib=host_ram_gib)
     try:
@@ -166,7 +166,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
         if count_note is None:
             raise
         raise PerfPredictError(f"{e}; {count_note}") from None
-    notes += r.notes  # what the ranking itself says (offload plans refused for host RAM)
+    notes += ranking_notes(r)  # offload plans refused for host RAM, #1's stall risk
     # The ranking's table holds every legal plan: the note need not enumerate them again.
     count_note = gpu_count_note(model=m, cluster=cluster, workload=w, space=space, gpus_per_node=gpus_per_node,
                                 legal_plans=r.table.height)
@@ -174,7 +174,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
         notes.append(count_note)
     if r.fitting.height == 0:
         tips = what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b, gpus_per_node=gpus_per_node,
-                              more_host_ram=r.host_ram_refused > 0)
+                              more_host_ram=host_ram_refused(r) > 0)
         if tips:
             notes.append("nothing fits on this cluster. What would:")
             notes += ["  " + t for t in tips]

@@ -176,7 +176,8 @@ RANK_COLUMNS = (
     "rank", "plan", "p_framework", "p_tp", "p_pp", "p_dp", "p_cp", "p_sp", "p_zero", "p_micro_batch",
     "p_grad_accum", "p_recompute", "p_offload", "p_schedule", "p_vstages", "p_ep", "p_param_offload",
     "p_stage_layers", "samples_per_s", "tokens_per_s",
+    "headroom_gib", "host_ram_gib",  # GPU memory minus the predicted peak; host RAM an offload plan's node pins
     "step_time_s", "step_time_lo_s", "step_time_hi_s", "time_to_finish_h", "peak_memory_gib",
     "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", *STEP_TIME_PARTS, *MEMORY_PARTS,
-    "g_memory_gib", "headroom_gib", "host_ram_gib",
+    "g_memory_gib",
 )

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+
+import polars as pl
 
 from perfpredict.core.errors import require
 from perfpredict.core.frameworks import (
@@ -26,9 +27,6 @@ from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan
 from perfpredict.core.workload import Workload
-
-if TYPE_CHECKING:
-    import polars as pl
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -189,11 +187,16 @@ def refuse_host_ram(described: pl.DataFrame, *, host_ram_gib_per_node: float, re
     A cluster without a host RAM figure (0: CPU hosts, whose device memory is host memory) is not checked."""
     if host_ram_gib_per_node <= 0 or not described.height:
         return described
-    over = described["d_host_ram_node_gib"] > host_ram_gib_per_node
+    need = described["d_host_ram_node_gib"]
+    over = need > host_ram_gib_per_node
     n = int(over.sum())
     if n:
-        rej.add(f"offloaded states need more host RAM than a node's {host_ram_gib_per_node:,.0f} GiB", n)
+        rej.add(f"{HOST_RAM_REFUSAL} {need.filter(over).min():,.0f} GiB or more per node, the node has "
+                f"{host_ram_gib_per_node:,.0f} GiB", n)
     return described.filter(~over)
+
+
+HOST_RAM_REFUSAL = "their offloaded states need host RAM:"  # how refuse_host_ram's tally reasons start
 
 
 def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,

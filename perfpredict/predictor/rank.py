@@ -13,16 +13,16 @@ from perfpredict.core.hardware import Cluster, node_shape
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.schema import RANK_COLUMNS
 from perfpredict.core.workload import Workload
-from perfpredict.features.descriptors import describe
 from perfpredict.features.frame import plans_frame
-from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans, refuse_host_ram
+from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
 from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import load_predictor, predict_frame
 
 c = pl.col
 STALL_NOTE_SHARE = 0.1  # rank says so when this share of #1's step is the pipeline-stall risk (b_stall_s)
 HOST_RAM_UNBOUNDED_GIB = 1e6  # what_would_fit's "more host RAM": no node limit, the tip names what the plan needs
-__all__ = ["RANK_COLUMNS", "GpuSearch", "Ranking", "fewest_gpus", "rank_plans", "what_would_fit"]
+__all__ = ["RANK_COLUMNS", "GpuSearch", "Ranking", "fewest_gpus", "host_ram_refused", "rank_plans", "ranking_notes",
+           "what_would_fit"]
 @dataclass
 class Ranking:
     table: pl.DataFrame  # every legal plan, fitting ones first, best predicted throughput first
@@ -32,7 +32,6 @@ class Ranking:
     model: ModelSpec
     oom_margin: float = 0.0  # fits when predicted peak x (1 + margin) <= GPU memory
     notes: list[str] = field(default_factory=list)
-    host_ram_refused: int = 0  # offload plans refused: their node cannot hold the offloaded states
 
     @property
     def fitting(self) -> pl.DataFrame:
@@ -65,24 +64,12 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
                bundle: Bundle | None = None) -> Ranking:
     rej = Rejections()
     plans = list(enumerate_plans(model, cluster, workload, space, rej))
-    described = describe(plans_frame(model, cluster, workload, plans)) if plans else None
-    notes = []
-    if described is not None:
-        offload = described.filter(c("d_host_ram_node_gib") > 0)
-        described = refuse_host_ram(described, host_ram_gib_per_node=cluster.host_ram_gib_per_node, rej=rej)
-        refused = offload.height - described.filter(c("d_host_ram_node_gib") > 0).height
-        if refused:
-            least = offload["d_host_ram_node_gib"].filter(offload["d_host_ram_node_gib"]
-                                                          > cluster.host_ram_gib_per_node).min()
-            notes.append(f"{refused:,} offload plan(s) refused: their offloaded states need {least:,.0f} GiB of "
-                         f"host RAM per node or more, the node has {cluster.host_ram_gib_per_node:,.0f} GiB "
-                         "(--host-ram-gib)")
-    if described is None or not described.height:
+    if not plans:
         reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
         raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
                                f"{workload.global_batch}: {reasons}")
     bundle = bundle or load_predictor()
-    df = predict_frame(described, bundle=bundle, described=True)
+    df = predict_frame(_host_ram_checked(model, cluster, workload, plans, rej), bundle=bundle, described=True)
     # Time to finish: the dataset's samples at the predicted rate, plus the one-off reference pass when the
     # reference log-probs are precomputed (a forward over the dataset at the step's achieved FLOP rate).
     rate = c("d_flops_per_step") / c("step_time_s")
@@ -98,15 +85,49 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
     # then to the label (so a rerun ranks identically).
     df = df.sort(["fits", "samples_per_s", "peak_memory_gib", "plan"], descending=[True, True, False, False],
                  maintain_order=True).with_row_index("rank", offset=1)
-    top = df.filter(c("fits")).head(1)
+    return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
+                   cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin)
+
+
+def _host_ram_checked(model: ModelSpec, cluster: Cluster, workload: Workload, plans, rej: Rejections
+                      ) -> pl.DataFrame:
+    """The plans described, less those whose node cannot hold their offloaded states (features.plans
+    .refuse_host_ram, counted in rej); no plan left is the same error as no legal plan."""
+    from perfpredict.features.descriptors import describe
+    from perfpredict.features.plans import refuse_host_ram
+
+    described = refuse_host_ram(describe(plans_frame(model, cluster, workload, plans)),
+                                host_ram_gib_per_node=cluster.host_ram_gib_per_node, rej=rej)
+    if not described.height:
+        reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
+        raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
+                               f"{workload.global_batch}: {reasons}")
+    return described
+
+
+def host_ram_refused(ranking: Ranking) -> int:
+    """How many offload plans the ranking refused because a node cannot hold their offloaded states."""
+    from perfpredict.features.plans import HOST_RAM_REFUSAL
+
+    return sum(n for reason, n in ranking.rejections.counts.items() if reason.startswith(HOST_RAM_REFUSAL))
+
+
+def ranking_notes(ranking: Ranking) -> list[str]:
+    """What a ranking says beside its table: offload plans refused for host RAM (and what they need), and #1's
+    pipeline-stall risk when it is a sizeable share of its step."""
+    from perfpredict.features.plans import HOST_RAM_REFUSAL
+
+    notes = []
+    for reason, n in ranking.rejections.counts.items():
+        if reason.startswith(HOST_RAM_REFUSAL):
+            notes.append(f"{n:,} offload plan(s) refused: {reason} (--host-ram-gib)")
+    top = ranking.fitting.head(1)
     if top.height and top["b_stall_s"][0] > STALL_NOTE_SHARE * top["step_time_s"][0]:
         t = top.row(0, named=True)
         notes.append(f"#1's step of {t['step_time_s']:.3g} s holds {t['b_stall_s']:.3g} s of pipeline-stall risk: its "
                      "pipeline crosses nodes, where measured runs either stall or do not, and the prediction is their "
                      f"average; stall-free it would take {t['step_time_s'] - t['b_stall_s']:.3g} s")
-    return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
-                   cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin, notes=notes,
-                   host_ram_refused=rej.counts[next((k for k in rej.counts if "host RAM" in k), "")])
+    return notes
 
 
 def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
