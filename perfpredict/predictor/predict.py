@@ -105,13 +105,13 @@ class Prediction:
     tokens_per_s: float
     samples_per_s: float  # pairs per second for preference objectives
     peak_memory_gib: float
+    host_ram_gib: float  # host RAM an offload plan's node pins (features.memory.host_memory); 0 without offload
     fits: bool
     mfu: float
     step_time_interval_s: tuple[float, float]
     peak_memory_interval_gib: tuple[float, float]
     breakdown: dict[str, float]
     dominant: str
-    host_ram_gib: float = 0.0  # host RAM the offloaded states pin per node (features.memory.host_memory)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +120,7 @@ class Prediction:
 def _row_prediction(r: dict[str, Any]) -> Prediction:
     return Prediction(
         step_time_s=r["step_time_s"], tokens_per_s=r["tokens_per_s"], samples_per_s=r["samples_per_s"],
-        peak_memory_gib=r["peak_memory_gib"], fits=bool(r["fits"]), mfu=r["mfu"],
+        peak_memory_gib=r["peak_memory_gib"], host_ram_gib=r["d_host_ram_node_gib"], fits=bool(r["fits"]), mfu=r["mfu"],
         step_time_interval_s=(r["step_time_lo_s"], r["step_time_hi_s"]),
         peak_memory_interval_gib=(r["peak_memory_lo_gib"], r["peak_memory_hi_gib"]),
         breakdown={"compute_s": r["b_compute_s"], "tp_comm_s": r["b_tp_comm_s"], "dp_comm_s": r["b_dp_comm_s"],
@@ -129,7 +129,7 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
                    "states_gib": r["mem_states_gib"], "activations_gib": r["mem_activations_gib"],
                    "logits_gib": r["mem_logits_gib"], "reference_gib": r["mem_reference_gib"],
                    "other_gib": r["mem_other_gib"]},
-        dominant=r["dominant"], host_ram_gib=r["d_host_ram_node_gib"])
+        dominant=r["dominant"])
 
 
 @dataclass(frozen=True)
