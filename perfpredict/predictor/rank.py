@@ -285,7 +285,8 @@ def explain(ranking: Ranking) -> str:
              f"{b['peak_memory_gib']:.1f} GiB",
              f"#1 is {100 * (a['samples_per_s'] / b['samples_per_s'] - 1):.1f}% faster. Per step (s), #1 vs #2:"]
     for name, k in EXPLAIN_PARTS:
-        lines.append(f"  {name:<24} {a[k]:8.3f} vs {b[k]:8.3f}")
+        if k != "b_stall_s" or a[k] or b[k]:  # the stall risk only where a pipeline crosses nodes
+            lines.append(f"  {name:<24} {a[k]:8.3f} vs {b[k]:8.3f}")
     gain, why = diffs[0]
     if gain > 0:
         lines.append(f"The main gain is {why} ({gain:.3f} s less per step).")
