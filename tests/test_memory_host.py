@@ -99,3 +99,16 @@ def test_refuse_host_ram_drops_and_counts():
     assert kept.height == 1 and not kept["p_offload"][0]
     assert rej.total == 1 and "host RAM" in next(iter(rej.counts))
     assert refuse_host_ram(df, host_ram_gib_per_node=2048.0, rej=Rejections()).height == 2
+
+
+def test_fsdp_cpu_offload_keeps_parameters_and_gradients_on_the_host():
+    """FSDP's CPUOffload(offload_params) moves the sharded parameters and gradients with the optimizer step
+    (torch distributed/fsdp/_fully_shard/_fsdp_param.py:312-315): the GPU holds no states, the host all of them,
+    and every micro-batch fetches the fp32 shard for the forward and the backward."""
+    plain, off = (Plan(dp=8, zero=3, framework="fsdp", micro_batch=1, grad_accum=8, optimizer_offload=o)
+                  for o in (False, True))
+    df = _described("llama-3.1-8b", "a100-sxm-80gb", 8, [plain, off])
+    assert df["d_weight_bpp"][1] == df["d_grad_bpp"][1] == df["d_optim_bpp"][1] == 0.0
+    assert df["d_peak_states_gib"][1] == 0.0 < df["d_peak_states_gib"][0]
+    fetch = df["d_params_rank"][1] / 8 * 4.0 * 8 * 2  # shard x fp32 x micro-batches x (forward + backward)
+    assert df["d_host_bytes"][1] >= fetch

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from perfpredict.features.compute import runtime_from_zero, runtime_is
+from perfpredict.features.compute import params_on_host, runtime_from_zero, runtime_is
 
 c = pl.col
 
@@ -110,9 +110,9 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     g_sh = pl.when(z >= 2).then(g / d).otherwise(g)
     o_sh = pl.when(z >= 1).then(o / d).otherwise(o)
     o_gpu = pl.when(c("p_offload")).then(0.0).otherwise(o_sh)
-    # ZeRO-3 offload_param (ZeRO-Infinity): parameters and their gradient partitions live in host memory; the GPU
-    # holds only what is gathered for the layer at work (d_gathered_bytes).
-    poff = c("p_param_offload")
+    # ZeRO-3 offload_param (ZeRO-Infinity) and FSDP's CPUOffload: parameters and their gradient partitions live in
+    # host memory; the GPU holds only what is gathered for the layer at work (d_gathered_bytes).
+    poff = params_on_host()
     w_gpu = pl.when(poff).then(0.0).otherwise(w_sh)
     g_gpu = pl.when(poff).then(0.0).otherwise(g_sh)
     # Expert weights shard over the expert-data-parallel group, d/ep ranks, not d: a rank's ZeRO shard of its
@@ -276,8 +276,6 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
       GPU).
     Expert weights shard over d/ep ranks, as on the GPU (state_bytes_per_param). Transients at start-up (the
     `.to()` before the clone, the checkpoint load) are left out: the steady state is what must fit."""
-    from perfpredict.features.compute import runtime_is
-
     gib = float(1 << 30)
     fp32 = c("w_precision") == "fp32"
     w16 = pl.when(fp32).then(4.0).otherwise(2.0)
@@ -286,7 +284,7 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
     weights = pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(w16)
     per_param = (c("d_optim_bpp_unsharded") + 4.0 + pl.when(staging).then(w16).otherwise(0.0)
                  + pl.when(accumulates).then(w16).otherwise(0.0)
-                 + pl.when(runtime_is(lambda r: r.offload_moves_params) | c("p_param_offload")).then(weights)
+                 + pl.when(params_on_host()).then(weights)
                  .otherwise(0.0))
     d = (c("p_dp") * c("p_cp")).cast(pl.Float64)
     shard = pl.when(c("p_zero") >= 1).then(d).otherwise(1.0)
