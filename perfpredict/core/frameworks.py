@@ -316,6 +316,10 @@ class Runtime:
     zero3_prefetch_buckets: bool = False
     accelerate_activation_checkpointing: bool = False  # recompute is accelerate's plugin option, not transformers'
     accelerate_config_file: str = "accelerate_config.yaml"
+    # Host RAM of optimizer offload (features.memory.host_memory): FSDP's only offload, CPUOffload(offload_params),
+    # keeps the sharded parameters on the host too; DeepSpeed pins a 16-bit staging copy of the shard beside it.
+    offload_moves_params: bool = False
+    offload_16bit_host_buffer: bool = False
 
     def __post_init__(self) -> None:
         for f in ("master_clone_from_zero", "reduce_every_microbatch_from_zero", "reference_sharded_from_zero"):
@@ -328,11 +332,12 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
     Runtime("megatron", grad_reduce_fp32=True, grads_fp32=True, overlaps_grad_reduce=False, fused_vocab_ce=True),
     Runtime("nanotron", grad_reduce_fp32=True, grads_fp32=True, fused_vocab_ce=True),
     Runtime("deepspeed", master_clone_from_zero=1, reduce_every_microbatch_from_zero=2, reference_sharded_from_zero=3,
-            zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True, zero3_prefetch_buckets=True),
+            zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True, zero3_prefetch_buckets=True,
+            offload_16bit_host_buffer=True),
     Runtime("fsdp", weights_fp32=True, grads_fp32=True, separate_master=False, reduce_every_microbatch_from_zero=2,
             zero2_keeps_unsharded=True, ddp_buckets_at_zero0=True, reference_sharded_from_zero=0,
             frees_grads_each_step=True, accelerate_activation_checkpointing=True,
-            accelerate_config_file="accelerate_fsdp.yaml"),
+            accelerate_config_file="accelerate_fsdp.yaml", offload_moves_params=True),
     Runtime("ddp", params_as_loaded=True, separate_master=False, ddp_buckets_at_zero0=True, frees_grads_each_step=True),
 ]}
 

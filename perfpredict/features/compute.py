@@ -17,6 +17,13 @@ def runtime_is(rule) -> pl.Expr:
     return c("d_runtime").is_in(runtimes_where(rule))
 
 
+def params_on_host() -> pl.Expr:
+    """Rows whose parameters live in host memory between uses: ZeRO-3 offload_param (ZeRO-Infinity), and optimizer
+    offload where the runtime's only offload moves the parameters too (FSDP CPUOffload(offload_params):
+    Runtime.offload_moves_params). The GPU keeps only what it gathers for the layer at work."""
+    return c("p_param_offload") | (c("p_offload") & runtime_is(lambda r: r.offload_moves_params))
+
+
 def runtime_from_zero(field: str) -> pl.Expr:
     """Rows whose runtime's `field` (a ZeRO stage or None in the runtime table) is set and reached by p_zero."""
     from perfpredict.core.frameworks import RUNTIMES
@@ -145,11 +152,13 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
         runtime_from_zero("reference_sharded_from_zero")).then(d).otherwise(1.0)
     ref_swap = pl.when(c("w_reference") == "offloaded").then(
         pl.when(copies > 0).then(copies * resident).otherwise(params * 2.0)).otherwise(0.0)
-    # ZeRO-Infinity parameter offload: each micro-batch fetches this rank's parameter shard from the host for the
-    # forward and again for the backward (and the live reference's forward).
+    # Parameters in host memory (ZeRO-Infinity, FSDP CPUOffload): each micro-batch fetches this rank's parameter
+    # shard from the host for the forward and again for the backward (and the live reference's forward), in the
+    # dtype the shard is kept in (FSDP's fp32 sharded parameters, DeepSpeed's 16-bit partitions).
     shard = params / pl.when(c("p_zero") >= 3).then(d).otherwise(1.0)
-    param_fetch = pl.when(c("p_param_offload")).then(
-        shard * 2.0 * m * (2.0 + c("w_reference").is_in(["live"]).cast(pl.Float64))).otherwise(0.0)
+    fetched = pl.when(runtime_is(lambda r: r.weights_fp32) | (c("w_precision") == "fp32")).then(4.0).otherwise(2.0)
+    param_fetch = pl.when(params_on_host()).then(
+        shard * fetched * m * (2.0 + c("w_reference").is_in(["live"]).cast(pl.Float64))).otherwise(0.0)
     # Expert parallelism: every MoE layer dispatches its tokens' top-k copies to the experts' ranks and combines
     # them back (an all-to-all each way), in every forward pass and again in the backward.
     ep = c("p_ep").cast(pl.Float64)

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+import polars as pl
+
 from perfpredict.core.errors import require
 from perfpredict.core.frameworks import (
     DEFAULT_RANKED,
@@ -177,6 +179,25 @@ def _offloads(base: Plan, zero: int, dp: int, offload: bool) -> list[tuple[bool,
     if offload_ok and refusal(replace(at_zero, optimizer_offload=True, param_offload=True)) is None:
         offloads.append((True, True))
     return offloads
+
+
+def refuse_host_ram(described: pl.DataFrame, *, host_ram_gib_per_node: float, rej: Rejections) -> pl.DataFrame:
+    """The plans whose offloaded states fit in a node's host RAM (features.memory.host_memory: what the ranks of one
+    node pin there); the others are refused, counted with the reason. The enumeration above cannot ask this (it
+    needs the model's sizes per rank), so it is asked of the described frame, before anything is predicted.
+    A cluster without a host RAM figure (0: CPU hosts, whose device memory is host memory) is not checked."""
+    if host_ram_gib_per_node <= 0 or not described.height:
+        return described
+    need = described["d_host_ram_node_gib"]
+    over = need > host_ram_gib_per_node
+    n = int(over.sum())
+    if n:
+        rej.add(f"{HOST_RAM_REFUSAL} {need.filter(over).min():,.0f} GiB or more per node, the node has "
+                f"{host_ram_gib_per_node:,.0f} GiB", n)
+    return described.filter(~over)
+
+
+HOST_RAM_REFUSAL = "their offloaded states need host RAM:"  # how refuse_host_ram's tally reasons start
 
 
 def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
