@@ -115,6 +115,7 @@ def test_nemo_automodel_reference_numbers():
     # 18.90 | 389 | 866.77 |": the step time and the published tokens/s/GPU agree within the rounding.
     r = _row("nemo_automodel", "llama3-70b-pretrain-64")
     assert (r["c_gpus"], r["p_dp"], r["p_cp"], r["p_zero"], r["w_global_batch"], r["w_seq_len"]) == (64, 32, 2, 3, 128, 8192)
+    assert r["p_framework"] == "fsdp2"  # NeMo AutoModel's FSDP2 manager: fully_shard per block, DTensor
     assert r["step_time_s"] == pytest.approx(18.90)
     assert r["tokens_per_s"] / 64 == pytest.approx(866.77, rel=1e-3)
     assert "context parallelism" in r["note"]  # the capability table's refusal is kept beside the fact

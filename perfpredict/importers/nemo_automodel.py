@@ -31,12 +31,13 @@ global batch. License: Apache-2.0. Transcribed by hand into `transcribed.csv`; i
 Its recipe (`examples/llm_benchmark/llama3_3/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml`) runs
 meta-llama/Llama-3.1-70B (catalog `llama-3.1-70b`) with `strategy: fsdp2`, `reshard_after_forward: True` (zero 3),
 `activation_checkpointing: True` (recompute `full`), `cp_size: 2`, dp = 64 / cp = 32, TE's FusedAdam,
-`enable_compile: True`, `enable_fsdp2_prefetch: True`, SDPA attention. Plan: framework `fsdp`, zero 3, dp 32,
-cp 2, micro_batch 1, grad_accum 4, objective `pretrain` (the recipe is next-token prediction on mock data; the
+`enable_compile: True`, `enable_fsdp2_prefetch: True`, SDPA attention. Plan: framework `fsdp2` (the capability
+table's FSDP2 + DTensor runtime: fully_shard per block, as NeMo AutoModel's FSDP2 manager applies it), zero 3,
+dp 32, cp 2, micro_batch 1, grad_accum 4, objective `pretrain` (the recipe is next-token prediction on mock data; the
 step is the same as full-parameter SFT of unpacked full-length sequences). No memory is published.
 
-Caveats: the fsdp runtime in the capability table has no context parallelism (FSDP as accelerate drives it); the
-row's `note` carries the refusal, and the plan is kept as it ran. torch.compile and TE kernels make this faster
+Caveats: the capability table's fsdp2 runtime has no context parallelism yet; the row's `note` carries the refusal,
+and the plan is kept as it ran. torch.compile and TE kernels make this faster
 than an eager FSDP2 step.
 
 ## Not imported
