@@ -194,3 +194,8 @@ def test_cli_refit_needs_held_out_source():
     res = CliRunner().invoke(app, ["evaluate", "--refit"])
     assert res.exit_code == 2 and "--refit goes with --held-out-source" in res.output
 
+
+def test_import_public_names_a_missing_transcription(tmp_path):
+    with pytest.raises(FileNotFoundError, match="transcription is committed"):
+        import_public(shared_root=tmp_path, out_root=tmp_path, only=["nemo_automodel"], transcribed_root=tmp_path)
+

@@ -41,6 +41,9 @@ def import_public(*, shared_root: Path, out_root: Path, only: list[str] | None =
         counts.update(mod.run(shared_root, out_root))
     for folder, mod in TRANSCRIBED.items():
         if not only or folder in only:
+            if not (transcribed_root / folder / "transcribed.csv").is_file():
+                raise FileNotFoundError(f"{transcribed_root / folder / 'transcribed.csv'} does not exist (the {folder} "
+                                        "transcription is committed in the repository's datasets/public)")
             counts.update(mod.run(transcribed_root, out_root))
     return counts
 
