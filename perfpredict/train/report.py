@@ -272,8 +272,9 @@ TRL_HOST_PROSE = """\
 
 **trl-host** holds out every TRL run of one host (the catalog entry its fingerprint reads as) and trains on
 everything else, the host's own kernel probes included: what a user gets who probes a new machine and asks about TRL
-on it. Two hosts hold TRL rows: `cpu-epyc-avx2` (AVX2 EPYC, 154 timed runs) and `cpu-epyc-avx512` (AVX-512 BF16
-EPYC, 99). Step time by the TRL calibration's constants fitted on the other host; bias is the median of
+on it. Two hosts hold TRL rows: `cpu-epyc-avx2` (AVX2 EPYC) and `cpu-epyc-avx512` (AVX-512 BF16 EPYC); their
+largest shape is the test partition, so the rest are scored here. "composed" is the composition with the TRL
+calibration fitted without the host (a TRL plan gets no learned correction); bias is the median of
 predicted / measured - 1. Per-host TRL efficiency from TRL-op probes (`collect probes --families trl`, only on the
 AVX-512 host so far) needs the TRL runs of two probed hosts in training before it replaces the constants; until
 then both folds use the constants (the quick table with the probe-ratio diagnostic:
@@ -288,7 +289,7 @@ def _trl_host_section(evaluation: list[Row], shipped: str) -> list[str]:
         return []
     head = ["held-out host", "time n", "learned", "bias", "composed", "bias", "analytic", "90% cover", "mem n",
             "mem learned", "mem analytic"]
-    sign = lambda v: "-" if _missing(v) else f"{float(v) * 100:+.1f} %"  # noqa: E731
+    sign = lambda v: "-" if _missing(v) else f"{float(v) * 100:+.1f}%"  # noqa: E731
     body = [[str(r.get("fold")), count(r.get("time_n")), pct(r.get("time_mape")), sign(r.get("time_bias")),
              pct(r.get("time_composed_mape")), sign(r.get("time_composed_bias")), pct(r.get("time_analytic_mape")),
              pct(r.get("time_coverage")), count(r.get("mem_n")), pct(r.get("mem_mape")),
