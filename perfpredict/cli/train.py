@@ -93,8 +93,8 @@ def evaluate_cmd(
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
     json_out: JsonOpt = None,
 ) -> None:
-    """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, and the
-    untouched test partition (each source's largest model). The generation model: `perfpredict generate evaluate`.
+    """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, one TRL shape
+    or one host's TRL runs out (trl-host), and the untouched test partition (each source's largest model). The generation model: `perfpredict generate evaluate`.
 
     Step-time MAPE, median and p90 APE beside the composition-only and analytic baselines, 90%-interval coverage,
     mean applicability of the correction, peak-memory errors, false-OOM rate, ranking Spearman and top-1 regret."""

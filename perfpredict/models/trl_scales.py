@@ -131,7 +131,7 @@ def trl_probe_scales(probes: pl.DataFrame, kernels: KernelModel, *, min_probes: 
         if any(n.get(op, 0) < min_probes for op in TRL_OPS):
             continue
 
-        def ratio(op: str) -> float:
+        def ratio(op: str, g: pl.DataFrame = g) -> float:
             s = g.filter(c("op") == op)
             return float(s["time_s"].sum() / s["generic_s"].sum())
 

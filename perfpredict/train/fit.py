@@ -155,7 +155,9 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
                               orows["fits"].to_numpy())
     bundle = Bundle(kernels=kernels, launch_floor_s=floor.floors_, trl_calibration=trl.calibration_, time=time,
                     memory=mem, time_intervals=t_iv, memory_intervals=m_iv, oom_margin=margin,
-                    metadata={"variant": variant.name})
+                    # Which CPU hosts' TRL scales their TRL-op probes give, and why the others use the constants.
+                    metadata={"variant": variant.name, "trl_probe_hosts": list(trl.measured_hosts_),
+                              "trl_probe_fallback": trl.probe_fallback_})
     return bundle, composed
 
 

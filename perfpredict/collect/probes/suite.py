@@ -54,9 +54,9 @@ import torch.nn.functional as F
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import store
 from perfpredict.collect.host import default_out
+from perfpredict.collect.probes.trl_ops import trl_op_probes
 from perfpredict.collect.processes import pythonpath_first
 from perfpredict.collect.timing import measure
-from perfpredict.collect.probes.trl_ops import trl_op_probes
 from perfpredict.core.dataset import append_rows
 from perfpredict.core.errors import PerfPredictError
 

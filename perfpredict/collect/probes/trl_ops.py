@@ -20,12 +20,13 @@ Read from the installed sources (transformers 5.24.0, TRL 1.16.0, site-packages 
   dpo_trainer.py:957), forward and backward: the head's tile GEMMs and its torch fold of each tile.
 
 All in fp32 (every TRL row we hold ran fp32; collect trl's dtype) on one thread, as a rank runs. Shapes: the TRL
-grid's model shapes (collect.trl.grid.SHAPES) at a few (rows, sequence) points, 2 rows per sample (chosen and
+grid's model shapes (collect.trl_shapes.SHAPES) at a few (rows, sequence) points, 2 rows per sample (chosen and
 rejected). A failed probe (e.g. TRL not installed for trl_head) is a row with its outcome."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -183,7 +184,7 @@ def head_fn(tokens: int, hidden: int, vocab: int, device: torch.device,
 
 def trl_op_configs(quick: bool) -> list[dict[str, int]]:
     """One dict per (shape, point): the model dimensions and the batch the probes run."""
-    from perfpredict.collect.trl.grid import SHAPES
+    from perfpredict.collect.trl_shapes import SHAPES
 
     out = []
     for spec in SHAPES.values():
@@ -214,12 +215,12 @@ def trl_op_probes(*, quick: bool, device: torch.device, cap_s: float,
         head_flops = 2.0 * T_head * h * v
         # (row fields, builder of the (fwd, fwd_bwd) pair); the tensors are built once per op and config.
         specs: list[tuple[str, dict[str, Any], float, Callable[[], Any]]] = [
-            ("trl_sdpa", attn_kw, fwd_flops, lambda: sdpa_fns(b, a, kv, s, d, device, dtype)),
-            ("trl_linears", layer_kw, gemm_flops, lambda: linears_fn(T, h, a, kv, d, f, device, dtype)),
+            ("trl_sdpa", attn_kw, fwd_flops, partial(sdpa_fns, b, a, kv, s, d, device, dtype)),
+            ("trl_linears", layer_kw, gemm_flops, partial(linears_fn, T, h, a, kv, d, f, device, dtype)),
             ("trl_elementwise", dict(layer_kw, numel=T * h), 0.0,
-             lambda: elementwise_fn(b, s, h, a, kv, d, f, device, dtype)),
+             partial(elementwise_fn, b, s, h, a, kv, d, f, device, dtype)),
             # forward: one tile GEMM per tile; forward+backward: that, the recomputed tile and the two gradient GEMMs.
-            ("trl_head", head_kw, head_flops, lambda: head_fn(T_head, h, v, device, dtype)),
+            ("trl_head", head_kw, head_flops, partial(head_fn, T_head, h, v, device, dtype)),
         ]
         for op, kw, fl, build in specs:
             bwd_mult = 4.0 if op == "trl_head" else 3.5 if op == "trl_sdpa" else 3.0
