@@ -229,3 +229,12 @@ def test_trl_host_baselines_meet_the_targets():
         assert r["time_probes_mape"] <= r["time_composed_mape"], r
     assert np.isnan(t["cpu-epyc-avx2"]["time_probe_ratios_mape"]) and t["cpu-epyc-avx2"]["trl_op_probes"] == 0
     assert t["cpu-epyc-avx512"]["trl_op_probes"] >= 100 and np.isfinite(t["cpu-epyc-avx512"]["time_probe_ratios_mape"])
+
+
+def test_train_summary_says_where_trl_scales_come_from():
+    from perfpredict.train.api import _trl_scales_line
+
+    assert "TRL-op probes on cpu-epyc-avx512" in _trl_scales_line({"trl_probe_hosts": ["cpu-epyc-avx512"]})
+    assert "fitted constants (TRL steps of 1 host(s)" in _trl_scales_line(
+        {"trl_probe_hosts": [], "trl_probe_fallback": "TRL steps of 1 host(s) with TRL-op probes in training"})
+    assert _trl_scales_line({}) == ""  # a bundle saved before TRL-op probes
