@@ -17,7 +17,8 @@ from perfpredict.models.kernels import KernelModel
 from perfpredict.train.data import load_runs
 
 runner = CliRunner()
-MEASURED_SOURCES = {"ours-cpu", "ours-gpu", "vtrain", "ultrascale_playbook", "vidur", "azure_ai_benchmarking"}
+MEASURED_SOURCES = {"ours-cpu", "ours-gpu", "vtrain", "ultrascale_playbook", "vidur", "azure_ai_benchmarking",
+                    "aiconfigurator"}
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfpredict.importers import azure, playbook, vidur, vtrain
+from perfpredict.importers import aiconfigurator, azure, playbook, vidur, vtrain
 
-IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure}
+IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure,
+             "aiconfigurator": aiconfigurator}
 
 
 def import_public(*, shared_root: Path, out_root: Path, only: list[str] | None = None) -> dict[str, int]:

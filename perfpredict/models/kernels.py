@@ -13,10 +13,12 @@ from perfpredict.models.gb import GBRegressor
 from perfpredict.models.hardware_frame import with_hardware
 
 c = pl.col
-FAMILIES = ("gemm", "attention", "membound", "collective")
+FAMILIES = ("gemm", "attention", "membound", "collective", "decode_attention", "moe")
 MEMBOUND_OPS = ("rmsnorm", "layernorm", "swiglu", "gelu", "softmax", "cross_entropy", "add", "adam", "copy")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+# vLLM's custom all-reduce (inside a CUDA graph, and eager) comes last so the f_op codes of the others stay put.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast",
+               "custom_all_reduce", "custom_all_reduce_eager")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1}
 PASSES = ("fwd", "bwd_input", "bwd_weight", "fwd_bwd", "bwd", "step", "comm")
 # Bytes each membound op moves per element of its main tensor (reads + writes, 16-bit), as implemented unfused.
 MEMBOUND_TRAFFIC = {"rmsnorm": 2.0, "layernorm": 2.0, "swiglu": 3.0, "gelu": 2.0, "softmax": 2.0,
@@ -24,10 +26,11 @@ MEMBOUND_TRAFFIC = {"rmsnorm": 2.0, "layernorm": 2.0, "swiglu": 3.0, "gelu": 2.0
 
 
 def family_of(op: str) -> str:
-    if op == "gemm":
-        return "gemm"
-    if op == "attention":
-        return "attention"
+    """gemm | attention (prefill / training, causal over the sequence) | decode_attention (one query token per
+    sequence over a KV cache: bandwidth-bound, a kernel of its own) | moe (a fused MoE layer) | collective |
+    membound."""
+    if op in ("gemm", "attention", "decode_attention", "moe"):
+        return op
     if op in COLLECTIVES:
         return "collective"
     return "membound"
@@ -62,6 +65,10 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
     attn_fwd = pl.when(causal).then(2.0).otherwise(4.0) * b * a * s * s * hd
     attn_flops = pl.when(c("pass_") == "fwd").then(attn_fwd).otherwise(3.5 * attn_fwd)
     attn_bytes = dbytes * b * s * hd * (2.0 * a + 2.0 * kv) * pl.when(c("pass_") == "fwd").then(1.0).otherwise(2.5)
+    # Decode attention: one query token per sequence reads the whole KV cache (K and V) once; 4*b*a*s*hd FLOPs.
+    dec_flops = 4.0 * b * a * s * hd
+    dec_bytes = dbytes * b * kv * hd * (2.0 * s + 2.0) + 2.0 * b * a * hd * 2.0
+    moe_flops, moe_bytes = _moe_work(df, dbytes)
     traffic = c("op").replace_strict(MEMBOUND_TRAFFIC, default=2.0, return_dtype=pl.Float64)
     mem_bytes = pl.coalesce(c("bytes").cast(pl.Float64), c("numel").cast(pl.Float64) * dbytes * traffic)
     peak = _peak_tflops() * 1e12
@@ -74,8 +81,10 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
     link = pl.coalesce(link_col, catalog_link) * 1e9
     coll_bytes = c("bytes").cast(pl.Float64) * _algo_factor()
     fam = c("family")
-    flops = (pl.when(fam == "gemm").then(gemm_flops).when(fam == "attention").then(attn_flops).otherwise(0.0))
+    flops = (pl.when(fam == "gemm").then(gemm_flops).when(fam == "attention").then(attn_flops)
+             .when(fam == "decode_attention").then(dec_flops).when(fam == "moe").then(moe_flops).otherwise(0.0))
     moved = (pl.when(fam == "gemm").then(gemm_bytes).when(fam == "attention").then(attn_bytes)
+             .when(fam == "decode_attention").then(dec_bytes).when(fam == "moe").then(moe_bytes)
              .when(fam == "membound").then(mem_bytes).otherwise(coll_bytes))
     roof = (pl.when(fam == "collective").then(moved / link)
             .otherwise(pl.max_horizontal(flops / peak, moved / hbm)))
@@ -83,7 +92,26 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
         roof_s=pl.max_horizontal(roof, pl.lit(1e-9)))
 
 
-ATTN_IMPLS = ("flash2", "flash3", "cudnn", "efficient", "math", "sdpa-cpu")
+# A fused MoE layer's shape (AIConfigurator's moe table names): tokens, hidden, expert FFN width, experts per token,
+# experts, and the moe_tp x moe_ep split of one GPU's share.
+MOE_COLUMNS = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
+
+
+def _moe_work(df: pl.DataFrame, dbytes: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
+    """(FLOPs, bytes) of one GPU's share of a gated MoE layer: gate, up and down GEMMs of tokens x topk / ep routed
+    rows at inter / tp width, and the weights of the local experts those tokens touch (expected distinct experts
+    under uniform routing: E_local x (1 - (1 - 1/E)^(tokens x topk)))."""
+    if not set(MOE_COLUMNS) <= set(df.columns):
+        return pl.lit(0.0), pl.lit(0.0)
+    t, h, i, k, e, tp, ep = (c(x).cast(pl.Float64) for x in MOE_COLUMNS)
+    flops = 6.0 * h * (i / tp) * t * k / ep
+    touched = (e / ep) * (1.0 - (1.0 - 1.0 / e).pow(t * k))
+    weights = touched * 3.0 * h * (i / tp) * dbytes
+    acts = 2.0 * t * h * 2.0 + 3.0 * t * k / ep * (i / tp) * 2.0
+    return flops, weights + acts
+
+
+ATTN_IMPLS = ("flash2", "flash3", "cudnn", "efficient", "math", "sdpa-cpu", "flash4", "trtllm", "flashinfer", "triton")
 # A collective's efficiency is learned against its bandwidth roofline from features that do not contain the link
 # rate itself: the predicted time then scales exactly with 1/bandwidth, so a user's faster link is never slower
 # (a tree given log(link) or log(roof) learned to cancel them, and predicted TP-8 faster at 8 GB/s than at 300).
@@ -93,9 +121,27 @@ COLLECTIVE_FEATURES = ("f_log_bytes", "f_world", "f_cross", "f_is_cpu", "f_op", 
 def kernel_features(df: pl.DataFrame, family: str | None = None) -> pl.DataFrame:
     """Numeric features for one family's rows (after roofline)."""
     f = _all_features(df)
-    if family is not None and family.removesuffix(".cpu") == "collective":
+    fam = family.removesuffix(".cpu") if family is not None else None
+    if fam == "collective":
         return f.select(COLLECTIVE_FEATURES)
+    if fam == "moe":
+        # The MoE shape's own columns; the other families keep exactly their saved bundles' feature lists.
+        return pl.concat([f.drop("f_rpn"), _moe_features(df)], how="horizontal")
     return f.drop("f_rpn")
+
+
+def _moe_features(df: pl.DataFrame) -> pl.DataFrame:
+    cols = {x: (c(x).cast(pl.Float64) if x in df.columns else pl.lit(None, pl.Float64)) for x in MOE_COLUMNS}
+    log = lambda e: (e.fill_null(0.0) + 1.0).log10()  # noqa: E731
+    return df.select(
+        f_moe_log_tokens=log(cols["num_tokens"]), f_moe_log_hidden=log(cols["hidden_size"]),
+        f_moe_log_inter=log(cols["inter_size"]), f_moe_topk=cols["topk"].fill_null(0.0),
+        f_moe_log_experts=log(cols["num_experts"]), f_moe_tp=cols["moe_tp_size"].fill_null(1.0),
+        f_moe_ep=cols["moe_ep_size"].fill_null(1.0),
+        # routed rows per local expert: below ~16 the grouped GEMM is weight-bound, above it compute-bound
+        f_moe_log_rows_per_expert=log(cols["num_tokens"] * cols["topk"] / cols["num_experts"]),
+        f_moe_skewed=(c("distribution") != "balanced").cast(pl.Float64).fill_null(0.0)
+        if "distribution" in df.columns else pl.lit(0.0))
 
 
 def _all_features(df: pl.DataFrame) -> pl.DataFrame:
