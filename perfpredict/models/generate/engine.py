@@ -131,7 +131,10 @@ def forward(k: SiliconKernels, m: ModelSpec, gpu: GPUSpec, par: Parallel, *, dec
 class SteadyState:
     """Continuous batching at a steady concurrency, per replica."""
 
-    concurrency: float          # running requests
+    concurrency: float          # running requests (KV- and max_num_seqs-limited)
+    offered: float              # requests kept in the system (running + waiting)
+    queue_s: float              # mean wait in the queue for a running slot (closed loop)
+    limited_by: str             # what caps the running requests: "offered", "max_num_seqs" or "KV cache"
     tpot_s: float               # mean time between a request's output tokens
     ttft_s: float               # mean time from arrival (slot free) to the first token, in steady state
     burst_ttft_s: float         # mean time to first token when all `concurrency` prompts arrive at once
@@ -148,11 +151,22 @@ class SteadyState:
 
 def steady_state(k: SiliconKernels, m: ModelSpec, gpu: GPUSpec, par: Parallel, *, concurrency: float,
                  input_len: int, output_len: int, max_num_batched_tokens: int, engine: str = "vllm",
-                 overhead_s: float | None = None) -> SteadyState:
-    """TPOT and TTFT of `concurrency` requests of input_len -> output_len kept running (a closed loop: a finished
-    request's slot takes the next prompt at once, as a benchmark at fixed concurrency or an offline run with more
-    prompts than fit do)."""
-    c = max(float(concurrency), 1.0)
+                 overhead_s: float | None = None, max_num_seqs: int | None = None,
+                 kv_pool_tokens: float | None = None) -> SteadyState:
+    """TPOT and TTFT of `concurrency` requests of input_len -> output_len kept in the system (a closed loop: a
+    finished request's slot takes the next prompt at once, as a benchmark at fixed concurrency or an offline run
+    with more prompts than fit do). At most max_num_seqs run, and as many as the KV pool holds at their mean
+    footprint (prompt + half the output: blocks are taken as tokens are generated, and vLLM preempts the newest
+    when the next block is not there, so the pool is what caps the running set); the rest wait, and by Little's law
+    wait (offered - running) / running lifetimes of a request."""
+    offered = max(float(concurrency), 1.0)
+    c, limited = offered, "offered"
+    if max_num_seqs is not None and max_num_seqs < c:
+        c, limited = float(max_num_seqs), "max_num_seqs"
+    if kv_pool_tokens is not None:
+        fit = max(kv_pool_tokens / (input_len + output_len / 2), 1.0)
+        if fit < c:
+            c, limited = fit, "KV cache"
     pp = par.pp
     ovh = STEP_OVERHEAD_S.get(engine, 1e-3) if overhead_s is None else overhead_s
     stage_layers = m.layers / pp
@@ -184,17 +198,19 @@ def steady_state(k: SiliconKernels, m: ModelSpec, gpu: GPUSpec, par: Parallel, *
     # Steps carrying a chunk are slower by (mixed - dstep); a share pre_per_step / chunk of steps carries one.
     extra = (mixed.total_s - dstep.total_s) * pre_per_step / chunk
     tpot = dstep.total_s + extra + ovh
-    # TTFT: the prompt's chunks (each a mixed step) and, on arrival, on average half a step before it is scheduled.
-    ttft = n_pre * (mixed.total_s + ovh) + 0.5 * tpot
+    # TTFT: the prompt's chunks (each a mixed step) and, on arrival, on average half a step before it is scheduled;
+    # plus the queue when more requests are offered than run.
+    queue = (offered - c) / c * life * tpot
+    ttft = queue + n_pre * (mixed.total_s + ovh) + 0.5 * tpot
     # All prompts at once (a benchmark's or an offline run's start): full-budget prefill steps, one after another;
     # the mean request waits for half of them.
     full = cycle(0.0, float(min(max_num_batched_tokens, c * input_len)), float(input_len))
     steps = math.ceil(c * input_len / max_num_batched_tokens)
-    burst = (steps + 1) / 2 * (full.total_s + ovh)
+    burst = queue + (steps + 1) / 2 * (full.total_s + ovh)
     notes = []
     if pp > 1:
         notes.append(f"PP{pp}: {pp} micro-batches of {mb:.0f} requests; each token crosses {pp} stages")
-    return SteadyState(concurrency=c, tpot_s=tpot, ttft_s=ttft, burst_ttft_s=burst, decode_step=dstep,
+    return SteadyState(concurrency=c, offered=offered, queue_s=queue, limited_by=limited, tpot_s=tpot, ttft_s=ttft, burst_ttft_s=burst, decode_step=dstep,
                        prefill_share=extra / tpot, prefill_steps=n_pre, overhead_s=ovh, notes=tuple(notes))
 
 

@@ -106,10 +106,9 @@ class SiliconKernels:
 
     @classmethod
     def for_gpu(cls, hardware: str, root: Path | str | None = None) -> SiliconKernels | None:
-        tables = load_tables(root)
-        if not tables or hardware not in covered_gpus(root):
+        if hardware not in covered_gpus(root):
             return None
-        return _cached(hardware, str(root or REPO_DATASETS))
+        return _cached(hardware, root)
 
     # --- GEMM ---------------------------------------------------------------------------------------------------
     @functools.cache
@@ -209,11 +208,18 @@ class SiliconKernels:
 
     def moe(self, tokens, *, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int,
             dtype: str = "bfloat16") -> np.ndarray:
-        r = self._moe_grid(dtype, hidden, inter, topk, experts, tp, ep)
-        if r is None:
-            return np.full(np.shape(np.atleast_1d(tokens)), np.nan)
-        grid, f = r
-        return grid(np.maximum(tokens, 1), scale_axes=(0,)) * f
+        """The fused MoE layer per GPU of a moe_tp x moe_ep group. An FP8 checkpoint takes the faster of the
+        measured FP8 and bf16 kernels: the imported FP8 rows are per-tensor scaled (FlashInfer CUTLASS, ~4x slower
+        on Hopper than the block-FP8 Triton kernel that block-quantised checkpoints run, whose rows are not
+        imported), and the bf16 kernel, reading twice the bytes, bounds the block kernel from above."""
+        toks = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1)
+        out = np.full(toks.shape, np.inf)
+        for dt in ({dtype, "bfloat16"} if dtype.startswith("fp8") else {dtype}):
+            r = self._moe_grid(dt, hidden, inter, topk, experts, tp, ep)
+            if r is not None:
+                grid, f = r
+                out = np.minimum(out, grid(toks, scale_axes=(0,)) * f)
+        return np.where(np.isfinite(out), out, np.nan)
 
     # --- collectives --------------------------------------------------------------------------------------------
     @functools.cache
@@ -257,17 +263,42 @@ class SiliconKernels:
 
 
 @functools.cache
-def _cached(hardware: str, root: str) -> SiliconKernels:
+def _cached(hardware: str, root: Path | str | None) -> SiliconKernels:
     return SiliconKernels(hardware, load_tables(root))
+
+
+# The importer's files (perfpredict.importers.aiconfigurator) -> the columns this module reads.
+_TABLES = {
+    "gemm": ("probes_gemm.parquet", {"runtime_version": "version", "gemm_dtype": "dtype", "m": "m", "n": "n",
+                                     "k": "k"}),
+    "gen_attn": ("probes_generation_attention.parquet", {"batch": "batch", "heads": "heads", "kv_heads": "kv_heads",
+                                                         "head_dim": "head_dim", "kv_cache_dtype": "kv_dtype",
+                                                         "window_size": "window", "step": "step"}),
+    "ctx_attn": ("probes_context_attention.parquet", {"batch": "batch", "isl": "isl", "heads": "heads",
+                                                      "kv_heads": "kv_heads", "head_dim": "head_dim",
+                                                      "kv_cache_dtype": "kv_dtype", "window_size": "window"}),
+    "moe": ("probes_moe.parquet", {"moe_dtype": "dtype", "num_tokens": "tokens", "hidden_size": "hidden",
+                                   "inter_size": "inter", "topk": "topk", "num_experts": "experts",
+                                   "moe_tp_size": "moe_tp", "moe_ep_size": "moe_ep", "distribution": "distribution"}),
+    "allreduce": ("probes_custom_allreduce.parquet", {"world_size": "gpus", "bytes": "bytes", "backend": "backend"}),
+    "nccl": ("probes_nccl.parquet", {"op": "op", "nccl_dtype": "dtype", "world_size": "gpus", "bytes": "bytes"}),
+}
 
 
 @functools.cache
 def load_tables(root: Path | str | None = None) -> dict[str, pl.DataFrame]:
-    """The normalised silicon tables by family (gemm, gen_attn, ctx_attn, moe, allreduce, nccl); empty when the
-    checkout has none."""
-    from perfpredict.models.generate._silicon_raw import load_raw
-
-    return load_raw()
+    """The silicon tables by family (gemm, gen_attn, ctx_attn, moe, allreduce, nccl) from
+    <root>/public/aiconfigurator/probes_*.parquet (root: the checkout's datasets/); empty when there are none."""
+    base = Path(root or REPO_DATASETS) / SILICON_DIR
+    out = {}
+    for fam, (fname, cols) in _TABLES.items():
+        f = base / fname
+        if not f.is_file():
+            continue
+        d = pl.read_parquet(f, columns=["hardware", "outcome", "time_s", *cols])
+        out[fam] = d.filter(pl.col("outcome") == "ok").select(
+            "hardware", *[pl.col(a).alias(b) for a, b in cols.items()], "time_s")
+    return out
 
 
 @functools.cache
