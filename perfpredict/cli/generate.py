@@ -53,11 +53,14 @@ def layout_table(df: pl.DataFrame, title: str) -> Table:
 
 
 def flat_for_csv(df: pl.DataFrame) -> pl.DataFrame:
-    """CSV cells hold one value: each [lo, hi] interval becomes its own _lo and _hi columns."""
+    """CSV cells hold one value: each [lo, hi] interval becomes its own _lo and _hi columns, and each part of a
+    breakdown its own <column>_<part> column."""
     cols = []
     for c, t in df.schema.items():
         if isinstance(t, pl.List):
             cols += [pl.col(c).list.get(0).alias(f"{c}_lo"), pl.col(c).list.get(1).alias(f"{c}_hi")]
+        elif isinstance(t, pl.Struct):
+            cols += [pl.col(c).struct.field(f.name).alias(f"{c}_{f.name}") for f in t.fields]
         else:
             cols.append(pl.col(c))
     return df.select(cols)
@@ -86,6 +89,10 @@ def generate_rank_cmd(
     kv_space_gib: Annotated[float | None, typer.Option(help="VLLM_CPU_KVCACHE_SPACE per rank (CPU hosts only)")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="vLLM's --kv-cache-dtype: auto (the model data type; bf16 for an "
                                                      "FP8 checkpoint), fp8, fp8_e4m3, fp8_e5m2, bf16, fp16")] = "auto",
+    engine: Annotated[str, typer.Option(help="serving engine: vllm, sglang or trtllm (kernels measured under vLLM; "
+                                             "the others are composed from them, and the output says so)")] = "vllm",
+    engine_version: Annotated[str | None, typer.Option(help="the engine's version (default: the one the "
+                                                            "prediction describes, printed above the table)")] = None,
     top: TopOpt = 10,
     explain: ExplainOpt = False,
     json_out: JsonOpt = None,
@@ -95,7 +102,7 @@ def generate_rank_cmd(
     emit_dir: EmitDirOpt = Path("perfpredict-plan"),
     predictor: PredictorOpt = None,
 ) -> None:
-    """Rank vLLM layouts (TP, PP, replicas, max_num_seqs) by predicted generation throughput."""
+    """Rank serving-engine layouts (TP, PP, replicas, max_num_seqs) by predicted generation throughput."""
     from perfpredict.api import rank_generation
     from perfpredict.core.errors import PerfPredictError, check_int
     from perfpredict.core.paths import writable_dir
@@ -113,7 +120,7 @@ def generate_rank_cmd(
                         samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
                         precision=precision, max_num_seqs=max_num_seqs, kv_space_gib=kv_space_gib,
                         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
-                        predictor=predictor)
+                        predictor=predictor, engine=engine, engine_version=engine_version)
     f = r.fitting
     say(gr.headline(r))
     if f.height:

@@ -19,7 +19,6 @@ KV fit, the roofline the best roofline value."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -27,8 +27,17 @@ SILICON_DIR = Path("public") / "aiconfigurator"
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp32": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
 
 
-def _log(x) -> np.ndarray:
-    return np.log(np.maximum(np.asarray(x, dtype=float), 1e-30))
+def _memo(fn):
+    """Per-instance memo of a method (functools.cache on a method would keep every instance alive)."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args):
+        key = (fn.__name__, *args)
+        if key not in self._memo:
+            self._memo[key] = fn(self, *args)
+        return self._memo[key]
+
+    return wrapper
 
 
 class _Grid:
@@ -99,6 +108,7 @@ class SiliconKernels:
 
     def __init__(self, hardware: str, tables: dict[str, pl.DataFrame]):
         self.hardware = hardware
+        self._memo: dict[tuple, object] = {}
         self.t = {k: v.filter(pl.col("hardware") == hardware) for k, v in tables.items()}
         self.version = ""
         if "gemm" in self.t and "version" in self.t["gemm"].columns and self.t["gemm"].height:
@@ -111,7 +121,7 @@ class SiliconKernels:
         return _cached(hardware, root)
 
     # --- GEMM ---------------------------------------------------------------------------------------------------
-    @functools.cache
+    @_memo
     def _gemm_grid(self, dtype: str) -> _Grid:
         g = self.t["gemm"].filter(pl.col("dtype") == dtype)
         if g.height == 0:
@@ -143,7 +153,7 @@ class SiliconKernels:
         return d.filter((pl.col("heads") == h0) & (pl.col("kv_heads") == k0)), extra * (heads / h0) ** 0.5 * (
             kv_heads / k0) ** 0.5
 
-    @functools.cache
+    @_memo
     def _decode_grid(self, heads: int, kv_heads: int, head_dim: int, kv_dtype: str) -> tuple[_Grid, float]:
         g = self.t["gen_attn"].filter((pl.col("window") == 0) & (pl.col("kv_dtype") == kv_dtype))
         if g.height == 0:
@@ -157,7 +167,7 @@ class SiliconKernels:
         grid, f = self._decode_grid(heads, kv_heads, head_dim, kv_dtype)
         return grid(np.maximum(batch, 1), np.maximum(ctx, 1), scale_axes=(0, 1)) * f
 
-    @functools.cache
+    @_memo
     def _prefill_grid(self, heads: int, kv_heads: int, head_dim: int) -> tuple[_Grid, float]:
         g = self.t["ctx_attn"].filter((pl.col("window") == 0) & (pl.col("kv_dtype") == "bfloat16"))
         g, f = self._heads_match(g, heads, kv_heads, head_dim)
@@ -172,7 +182,7 @@ class SiliconKernels:
         return grid(np.maximum(batch, 1), np.maximum(isl, 1), scale_axes=(0,)) * f * over ** 2
 
     # --- MoE ----------------------------------------------------------------------------------------------------
-    @functools.cache
+    @_memo
     def _moe_grid(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, tp: int,
                   ep: int) -> tuple[_Grid, float] | None:
         m = self.t["moe"]
@@ -222,7 +232,7 @@ class SiliconKernels:
         return np.where(np.isfinite(out), out, np.nan)
 
     # --- collectives --------------------------------------------------------------------------------------------
-    @functools.cache
+    @_memo
     def _comm_grid(self, family: str, op: str, gpus: int) -> _Grid | None:
         t = self.t.get(family)
         if t is None or t.height == 0:
