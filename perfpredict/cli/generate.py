@@ -193,12 +193,28 @@ def generate_evaluate_cmd(
     seed: SeedOpt = 0,
     json_out: JsonOpt = None,
     save: Annotated[bool, typer.Option(help="save the model fitted on all rows as the shipped one")] = False,
+    silicon: Annotated[bool, typer.Option(help="instead: the GPU composition from measured silicon against the "
+                                               "silicon_sample serving runs (datasets/public/aiconfigurator_e2e)")]
+    = False,
 ) -> None:
-    """Held-out accuracy of the generation model on measured vLLM runs (and refit it with --save)."""
+    """Held-out accuracy of the generation model on measured vLLM runs (and refit it with --save); with --silicon,
+    of the GPU composition on vLLM / SGLang / TensorRT-LLM serving runs, held out by model, GPU and backend."""
     from perfpredict.train.generate import evaluate, vidur_root
 
     check_outputs(json_out=json_out)
     say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
+    if silicon:
+        from perfpredict.core.errors import PerfPredictError
+        from perfpredict.train.generate_silicon import evaluate_silicon
+
+        if save:
+            raise PerfPredictError("--save refits the CPU-learned model; the silicon composition has nothing to save")
+        res = evaluate_silicon(data)
+        for line in silicon_report(res):
+            say(line)
+        if json_out:
+            write_text(json_out, json.dumps(res, indent=1, default=str))
+        return
     res = evaluate(data, seed=seed)
     model = res.pop("model")
     say(f"{res['rows']:,} measured vLLM rows ({res['ok_rows']:,} ok) -> {res['configs']:,} configurations "
@@ -241,3 +257,38 @@ def generate_evaluate_cmd(
     if save:
         say(f"saved the model trained on all rows to {model.save()}")
 
+
+
+def silicon_report(res: dict) -> list:
+    """The tables `generate evaluate --silicon` prints: errors per held-out group, composition and correction,
+    dense and MoE apart; layout choice beside the rule of thumb and a roofline."""
+    out: list = [f"{res['rows']:,} measured serving runs composed from their GPU's kernels; left out: "
+                 + "; ".join(f"{k} ({v:,})" for k, v in res["skipped"].items())]
+    t = Table("held out", "kind", "runs", "TPOT MAPE", "TTFT MAPE", "tok/s per GPU MAPE", "with correction",
+              "roofline", title="composition (no fitted part) on held-out groups; the correction refitted without "
+                                "the group")
+    for s in res["splits"]:
+        for kind in ("dense", "moe"):
+            c, k = s["composition"].get(kind), s["corrected"].get(kind)
+            if not c:
+                continue
+            t.add_row(f"{s['split']}: {s['held_out']}", kind, f"{c['rows']:,}", pct(c["tpot_mape"]),
+                      pct(c["ttft_mape"]), pct(c["throughput_mape"]), pct(k["throughput_mape"]),
+                      pct(c["roofline_throughput_mape"]))
+    for kind in ("dense", "moe"):
+        c = res["composition"].get(kind)
+        if c:
+            t.add_row("all", kind, f"{c['rows']:,}", pct(c["tpot_mape"]), pct(c["ttft_mape"]),
+                      pct(c["throughput_mape"]), "", pct(c["roofline_throughput_mape"]))
+    out.append(t)
+    lay = res["layout_composition"]
+    lt = Table("chooser", "best within 5 %", "mean regret", title=f"TP choice in {lay['groups']} groups (backend x "
+               "model x GPU x format x isl/osl, >= 2 TP degrees measured)")
+    lt.add_row("composition", pct(lay["pred_within_5pct"], 0), pct(lay["pred_mean_regret"]))
+    lt.add_row("rule: smallest TP that fits", pct(lay["rule_within_5pct"], 0), pct(lay["rule_mean_regret"]))
+    lt.add_row("roofline", pct(lay["roof_within_5pct"], 0), pct(lay["roof_mean_regret"]))
+    out.append(lt)
+    out.append("learned correction (per backend x dense/MoE scale; TTFT steady + burst): "
+               + ("used: it lowers the held-out error on every split" if res["correction_used"] else
+                  "not used: it does not lower the held-out throughput error on every split"))
+    return out
