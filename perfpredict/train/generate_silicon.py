@@ -117,7 +117,8 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
                          max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"], overhead_s=0.0,
                          kv_pool_tokens=cap.pool_tokens if cap.fits else None)
         roof = roofline_tpot(m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"])
-        out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": s.tpot_s, "pred_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s,
+        out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": s.tpot_s,
+                    "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "pred_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s,
                     "roof_tpot_s": roof,
                     "prefill_steps": s.prefill_steps})
     return pl.concat([df, pl.DataFrame(out)], how="horizontal")

@@ -49,10 +49,12 @@ class _Grid:
         self._fill(axes, v)
         if not np.isfinite(v).all():
             v = self._nearest(v)
-        # More work is never faster: along every axis (tokens, width, batch, KV length, bytes) a larger size takes
-        # at least the time of a smaller one. Measured neighbours differ by noise (1-2 %) the other way at times.
+        # Less work is never slower: along every axis (tokens, width, batch, KV length, bytes) a smaller size takes
+        # at most the time of a larger one (it could be padded to it). Measured neighbours break this by noise, and
+        # a slow outlier at a small size (a poor kernel pick) would otherwise lift every larger size if fixed the
+        # other way round.
         for d in range(v.ndim):
-            v = np.maximum.accumulate(v, axis=d)
+            v = np.flip(np.minimum.accumulate(np.flip(v, axis=d), axis=d), axis=d)
         self.axes = axes
         self.lo = [a[0] for a in axes]
         self.hi = [a[-1] for a in axes]
