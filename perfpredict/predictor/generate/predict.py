@@ -33,6 +33,9 @@ class GenerationPrediction:
     time_to_generate_s_interval: tuple[float, float] | None  # 90 %
     layout: str
     reason: str
+    engine: str = "vllm"
+    engine_version: str = ""
+    basis: str = ""  # what the times are composed from (measured kernels of the GPU, or the roofline model)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -48,7 +51,8 @@ class GenerationPrediction:
                    kv_capacity_tokens=r["kv_capacity_tokens"], time_to_generate_s=r["time_to_generate_s"],
                    fits=r["fits"], output_tokens_per_s_interval=tuple(iv) if iv is not None else None,
                    time_to_generate_s_interval=tuple(tv) if tv is not None else None, layout=r["layout"],
-                   reason=r["reason"])
+                   reason=r["reason"], engine=r.get("engine", "vllm"), engine_version=r.get("engine_version", ""),
+                   basis=r.get("basis", ""))
 
 
 def predict_generations(scs: list[GenScenario], *, model: GenerationModel | None = None) -> list[GenerationPrediction]:
