@@ -147,3 +147,17 @@ def test_evaluate_silicon_cli_reports_held_out_errors_and_layout_choice(tmp_path
     assert {s["split"] for s in res["splits"]} == {"model", "gpu", "backend"}
     r = runner.invoke(app, ["generate", "evaluate", "--silicon"])
     assert r.exit_code == 0 and "rule: smallest TP that fits" in r.output
+
+
+def test_learned_correction_is_used_only_where_it_helps_held_out():
+    from perfpredict.train.generate_silicon import evaluate_silicon
+
+    res = evaluate_silicon("datasets")
+    used = res["correction_used"]
+    for split in ("model", "gpu", "backend"):
+        corrected = res[f"held_out_{split}"]["errors"]
+        for kind in ("dense", "moe"):
+            c, k = res["composition"][kind], corrected[kind]
+            if used["ttft"]:
+                assert k["ttft_mape"] < c["ttft_mape"], (split, kind)
+    assert not used["tpot"]  # the shipped throughput is the composition alone (docs/generate-accuracy.md)
