@@ -5,7 +5,7 @@ engine rank counts as one device), `workload` {prompts, samples_per_prompt = 1, 
 precision = bf16, shared_prefix_len = 0}, `layout` {tp, pp = 1, replicas, max_num_seqs = engine default,
 gpu_memory_utilization = 0.9 (GPUs), kv_space_gib (CPUs; VLLM_CPU_KVCACHE_SPACE), kv_cache_memory_bytes,
 max_model_len = input + output, prefix_caching = true (vLLM V1's default), max_num_batched_tokens = engine default,
-kv_cache_dtype = auto, engine = vllm (or sglang, trtllm), engine_version}."""
+kv_cache_dtype = auto, engine = vllm (or sglang, trtllm), engine_version, expert_parallel = false}."""
 
 from __future__ import annotations
 
@@ -83,8 +83,11 @@ class GenLayout:
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype: auto (the model data type), fp8, fp8_e4m3, fp8_e5m2, ...
     engine: str = "vllm"          # vllm | sglang | trtllm
     engine_version: str | None = None  # None = the version the prediction describes by default (named in the output)
+    expert_parallel: bool = False  # vLLM's --enable-expert-parallel: a MoE layer's experts split over the TP ranks
 
     def __post_init__(self) -> None:
+        if not isinstance(self.expert_parallel, bool):
+            raise PerfPredictError(f"layout expert_parallel must be true or false, got {self.expert_parallel!r}")
         if self.engine not in ENGINES:
             raise PerfPredictError(f"layout engine {self.engine!r} unknown; accepted: {', '.join(ENGINES)}")
         if self.engine_version is not None and not (isinstance(self.engine_version, str) and self.engine_version
@@ -108,13 +111,14 @@ class GenLayout:
         return self.tp * self.pp * self.replicas
 
     def label(self) -> str:
-        s = f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "") + f" x{self.replicas}"
+        s = f"TP{self.tp}" + ("(EP)" if self.expert_parallel else "") + (f"xPP{self.pp}" if self.pp > 1 else "") \
+            + f" x{self.replicas}"
         return s + (f" mns{self.max_num_seqs}" if self.max_num_seqs else "")
 
     def to_dict(self) -> dict[str, Any]:
         # "auto" is vLLM's default: left out, like the None fields, so a layout's dict names only what was set.
         return {k: v for k, v in asdict(self).items() if v is not None and not (k == "kv_cache_dtype" and v == "auto")
-                and not (k == "engine" and v == "vllm")}
+                and not (k == "engine" and v == "vllm") and not (k == "expert_parallel" and v is False)}
 
     @classmethod
     def from_dict(cls, d: Any) -> GenLayout:

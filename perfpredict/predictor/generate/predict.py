@@ -111,6 +111,7 @@ def predict_generation(scs: list[GenScenario], *, model: GenerationModel | None 
                          breakdown={k: float(v) for k, v in sil.breakdown().items()},
                          tpot_s=sil.state.tpot_s)
         r = {"layout": sc.layout.label(), "tp": sc.layout.tp, "pp": sc.layout.pp, "replicas": sc.layout.replicas,
+             "expert_parallel": sc.layout.expert_parallel,
              "max_num_seqs": sc.layout.max_num_seqs or default_max_num_seqs(sc.cluster.gpu, sc.layout.tp * sc.layout.pp),
              "gpus": sc.layout.gpus, "fits": fits, "reason": comp["reason"][i],
              "kv_capacity_tokens": int(comp["kv_capacity_tokens"][i]),

@@ -66,12 +66,16 @@ def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int]
                 continue
             reps = G // (tp * pp)
             default = default_max_num_seqs(cluster.gpu, tp * pp)
+            # MoE on GPUs: experts split by TP (vLLM's default) or whole experts per rank (--enable-expert-parallel).
+            eps = (False, True) if m.is_moe and tp > 1 and not cluster.gpu.is_cpu else (False,)
             for mns in sorted(set(max_num_seqs or [*MNS_CANDIDATES, default])):
-                out.append(GenLayout(tp=tp, pp=pp, replicas=reps, max_num_seqs=mns,
-                                     gpu_memory_utilization=gpu_memory_utilization,
-                                     kv_space_gib=kv_space_gib if cluster.gpu.is_cpu else None,
-                                     max_model_len=max_model_len, prefix_caching=prefix_caching,
-                                     kv_cache_dtype=kv_cache_dtype, engine=engine, engine_version=engine_version))
+                for ep in eps:
+                    out.append(GenLayout(tp=tp, pp=pp, replicas=reps, max_num_seqs=mns,
+                                         gpu_memory_utilization=gpu_memory_utilization,
+                                         kv_space_gib=kv_space_gib if cluster.gpu.is_cpu else None,
+                                         max_model_len=max_model_len, prefix_caching=prefix_caching,
+                                         kv_cache_dtype=kv_cache_dtype, engine=engine, engine_version=engine_version,
+                                         expert_parallel=ep))
     return out
 
 
@@ -116,8 +120,8 @@ def headline(r: GenRanking) -> str:
         basis = f"\n{row['engine']} {row['engine_version']}: {row['basis']}"
     return (f"{r.model.name} generating on {r.cluster.gpus} x {r.cluster.gpu.name}: {w.prompts:,} prompts x "
             f"{w.samples_per_prompt} samples, {w.input_len} in / {w.output_len} out ({w.output_tokens:,} output "
-            f"tokens){basis}\n{r.table.height} layouts considered, {f.height} fit"
-            + ("; rejected: " + "; ".join(rejected) if rejected else ""))
+            f"tokens)\n{r.table.height} layouts considered, {f.height} fit"
+            + ("; rejected: " + "; ".join(rejected) if rejected else "") + basis)
 
 
 def explain(r: GenRanking) -> str:
@@ -224,7 +228,11 @@ def emit_vllm(r: GenRanking, *, model_id: str | None = None, out_dir: Path | str
         args["gpu_memory_utilization"] = r.gpu_memory_utilization
     if r.kv_cache_dtype != "auto":
         args["kv_cache_dtype"] = r.kv_cache_dtype
+    if row.get("expert_parallel"):
+        args["enable_expert_parallel"] = True
     cli = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items() if not isinstance(v, bool))
+    if row.get("expert_parallel"):
+        cli += " --enable-expert-parallel"
     lines = ["#!/usr/bin/env bash", f"# perfpredict: {row['layout']} for {r.model.name} on {r.cluster.gpus} x "
              f"{r.cluster.gpu.name}; predicted {num(row['output_tokens_per_s'])} output tok/s in all", "set -euo pipefail",
              'MODEL="${MODEL:-' + model_id + '}"']

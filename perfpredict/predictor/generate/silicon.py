@@ -77,7 +77,10 @@ def silicon_prediction(sc: GenScenario) -> SiliconPrediction | None:
         return None
     fp8 = w.precision == "fp8"
     kv8 = kv_cache_dtype_of(w.precision, lay.kv_cache_dtype) == "fp8"
-    par = Parallel(tp=lay.tp, pp=lay.pp, gemm_dtype="fp8" if fp8 else "bfloat16",
+    # --enable-expert-parallel: the experts are split over the TP ranks (EP = TP inside a replica, each expert
+    # whole on one rank) instead of every expert's matrices over all of them.
+    ep = lay.tp if lay.expert_parallel and m.is_moe else 1
+    par = Parallel(tp=lay.tp, pp=lay.pp, moe_tp=1 if ep > 1 else 0, moe_ep=ep, gemm_dtype="fp8" if fp8 else "bfloat16",
                    moe_dtype="fp8" if fp8 else "bfloat16", kv_dtype="fp8" if kv8 else "bfloat16")
     prompts = math.ceil(w.prompts / lay.replicas)
     R = prompts * w.samples_per_prompt
