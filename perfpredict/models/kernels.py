@@ -118,16 +118,34 @@ ATTN_IMPLS = ("flash2", "flash3", "cudnn", "efficient", "math", "sdpa-cpu", "fla
 COLLECTIVE_FEATURES = ("f_log_bytes", "f_world", "f_cross", "f_is_cpu", "f_op", "f_log_sms", "f_rpn")
 
 
-def kernel_features(df: pl.DataFrame, family: str | None = None) -> pl.DataFrame:
-    """Numeric features for one family's rows (after roofline)."""
-    f = _all_features(df)
+# GPU families leave out f_balance (peak / memory bandwidth at the row's dtype): fp8 rows of a GPU then sit in the
+# same hardware coordinates as its bf16 rows. With it, a held-out H200's fp8 GEMMs (balance below every fp8 row in
+# training) were read as bf16 ones and predicted 1.6x too fast (37 % MAPE leave-one-GPU-out, 13 % without it; B200
+# and H100 no worse). Bundles saved with it keep it: the saved names choose the columns (kernel_features(names=)).
+GPU_DROPPED = ("f_rpn", "f_balance")
+GPU_FAMILIES_NEW_FEATURES = ("gemm", "attention", "decode_attention", "moe")
+
+
+def kernel_features(df: pl.DataFrame, family: str | None = None, names: list[str] | None = None) -> pl.DataFrame:
+    """Numeric features for one family's rows (after roofline): the named columns (a saved model's), or the
+    family's default list."""
     fam = family.removesuffix(".cpu") if family is not None else None
-    if fam == "collective":
-        return f.select(COLLECTIVE_FEATURES)
+    pool = _all_features(df)
     if fam == "moe":
-        # The MoE shape's own columns; the other families keep exactly their saved bundles' feature lists.
-        return pl.concat([f.drop("f_rpn"), _moe_features(df)], how="horizontal")
-    return f.drop("f_rpn")
+        pool = pl.concat([pool, _moe_features(df)], how="horizontal")
+    if names is not None:
+        missing = [n for n in names if n not in pool.columns]
+        if missing:
+            from perfpredict.core.errors import PerfPredictError
+
+            raise PerfPredictError(f"the {family} kernel model was trained on features {missing} this code does not "
+                                   "build; retrain with `perfpredict train`")
+        return pool.select(names)
+    if fam == "collective":
+        return pool.select(COLLECTIVE_FEATURES)
+    if family in GPU_FAMILIES_NEW_FEATURES:  # GPU models only: the CPU ones (family.cpu) keep their list
+        return pool.drop(GPU_DROPPED)
+    return pool.drop("f_rpn")
 
 
 def _moe_features(df: pl.DataFrame) -> pl.DataFrame:
@@ -233,7 +251,7 @@ class KernelModel:
             if model is None:
                 out[idx] = roof[idx] * 2.0
                 continue
-            X = kernel_features(df.filter(pl.Series(idx)), name).to_numpy()
+            X = kernel_features(df.filter(pl.Series(idx)), name, self.feature_names_.get(name)).to_numpy()
             ratio = 10.0 ** model.predict(X)
             out[idx] = roof[idx] * ratio
         return out
