@@ -92,6 +92,11 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
         roof_s=pl.max_horizontal(roof, pl.lit(1e-9)))
 
 
+# GPU attention backward from the measured forward: FlashAttention-2's backward computes 2.5x the forward's matmul
+# FLOPs (five GEMMs per tile to the forward's two; Dao 2023, FlashAttention-2, section 3.2), so fwd+bwd = 3.5x the
+# forward at the forward's efficiency. A stated ratio, used only where no GPU backward probe trained the model.
+ATTN_BACKWARD_RATIO = {"fwd_bwd": 3.5, "bwd": 2.5}
+
 # A fused MoE layer's shape (AIConfigurator's moe table names): tokens, hidden, expert FFN width, experts per token,
 # experts, and the moe_tp x moe_ep split of one GPU's share.
 MOE_COLUMNS = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
@@ -210,7 +215,27 @@ class KernelModel:
     def prepare(self, probes: pl.DataFrame) -> pl.DataFrame:
         if "family" not in probes.columns:
             probes = probes.with_columns(family=c("op").map_elements(family_of, return_dtype=pl.Utf8))
-        return roofline(probes)
+        return roofline(self._backward_from_forward(probes))
+
+    def _backward_from_forward(self, probes: pl.DataFrame) -> pl.DataFrame:
+        """GPU attention backward as the predicted forward times ATTN_BACKWARD_RATIO, where the GPU attention model
+        saw forward probes only (every GPU source so far: AIConfigurator, Azure). Such a model has never seen a
+        backward row, so its trees would read a fwd_bwd query as a forward of 3.5x the FLOPs at another
+        efficiency (3.2x the forward in a test, not 3.5x). `k_pass_ratio` carries the factor to predict_prepared.
+        Models fitted on GPU backward probes (our own, once collected) learn it; saved bundles without the record
+        of their passes keep their behaviour."""
+        passes = (getattr(self, "families_", None) or {}).get("attention", {}).get("passes")
+        if passes != ["fwd"] or "pass_" not in probes.columns:
+            return probes.with_columns(k_pass_ratio=pl.lit(1.0))
+        from perfpredict.models.hardware_frame import hardware_table
+
+        cpus = hardware_table().filter(c("hw_is_cpu"))["hardware"].to_list()
+        swap = ((c("family") == "attention") & c("pass_").is_in(list(ATTN_BACKWARD_RATIO))
+                & ~c("hardware").is_in(cpus))
+        return probes.with_columns(
+            k_pass_ratio=pl.when(swap).then(c("pass_").replace_strict(ATTN_BACKWARD_RATIO, default=1.0,
+                                                                      return_dtype=pl.Float64)).otherwise(1.0),
+            pass_=pl.when(swap).then(pl.lit("fwd")).otherwise(c("pass_")))
 
     @staticmethod
     def _keys(df: pl.DataFrame) -> np.ndarray:
@@ -222,10 +247,10 @@ class KernelModel:
         return np.where(cpu, fam + ".cpu", fam)
 
     def fit(self, probes: pl.DataFrame) -> KernelModel:
-        df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
         self.models_ = {}
         self.feature_names_ = {}
         self.families_ = {}
+        df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
         keys = self._keys(df)
         for key in sorted(set(keys)):
             sub = df.filter(pl.Series(keys == key))
@@ -235,7 +260,8 @@ class KernelModel:
             self.feature_names_[key] = kernel_features(sub.head(1), key).columns
             y = np.log10(sub["time_s"].to_numpy() / sub["roof_s"].to_numpy())
             self.models_[key] = GBRegressor(seed=self.seed, **(self.params or XGB_PARAMS)).fit(X, y)
-            self.families_[key] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list())}
+            self.families_[key] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list()),
+                                   "passes": sorted(sub["pass_"].drop_nulls().unique().to_list())}
         return self
 
     def predict_prepared(self, df: pl.DataFrame) -> np.ndarray:
@@ -254,6 +280,8 @@ class KernelModel:
             X = kernel_features(df.filter(pl.Series(idx)), name, self.feature_names_.get(name)).to_numpy()
             ratio = 10.0 ** model.predict(X)
             out[idx] = roof[idx] * ratio
+        if "k_pass_ratio" in df.columns:
+            out *= df["k_pass_ratio"].to_numpy()
         return out
 
     def predict(self, probes: pl.DataFrame) -> np.ndarray:
