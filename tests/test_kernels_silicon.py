@@ -110,13 +110,22 @@ def test_evaluate_kernels_cli(tmp_path):
     data = tmp_path / "data"
     write_atomic(pl.concat([_probes("nccl", 60), _probes("custom_allreduce", 30)], how="diagonal_relaxed"),
                  data / "probes.parquet")
-    out = tmp_path / "k.json"
+    out, md = tmp_path / "k.json", tmp_path / "k.md"
     r = runner.invoke(app, ["evaluate-kernels", "--data", str(data), "--hardware", "b200", "--family", "collective",
-                            "--rows-per-gpu", "60", "--json", str(out)])
+                            "--rows-per-gpu", "60", "--json", str(out), "--markdown", str(md)])
     assert r.exit_code == 0, r.output
     assert "leave-one-GPU-out" in r.output and "b200" in r.output
     rows = json.loads(out.read_text())
     assert {(x["family"], x["own_probes"]) for x in rows} == {("collective", False), ("collective", True)}
+    page = md.read_text()
+    assert "perfpredict evaluate-kernels --rows-per-gpu 60 --seed 0 --hardware b200 --family collective" in page
+    assert "| collective: nccl | b200 |" in page
+    # The page renders again from the saved JSON without evaluating.
+    md2 = tmp_path / "k2.md"
+    r = runner.invoke(app, ["evaluate-kernels", "--from-json", str(out), "--markdown", str(md2), "--rows-per-gpu",
+                            "60", "--hardware", "b200", "--family", "collective"])
+    assert r.exit_code == 0, r.output
+    assert md2.read_text() == page
     r = runner.invoke(app, ["evaluate-kernels", "--data", str(data), "--hardware", "tpu-v5"])
     assert r.exit_code != 0 and "no aiconfigurator probes of ['tpu-v5']" in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["evaluate-kernels", "--data", str(data), "--own-fraction", "2"])

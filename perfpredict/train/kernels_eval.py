@@ -162,3 +162,40 @@ def summary_table(res: pl.DataFrame) -> pl.DataFrame:
                                              roofline_mape=c("roofline_mape"))
     o = res.filter(c("own_probes")).select(*keys, mape_with=c("mape"), median_with=c("median_ape"))
     return w.join(o, on=keys, how="left").sort("family", "group", "hardware")
+
+
+PAGE_INTRO = """\
+# Kernel accuracy leave-one-GPU-out ("new hardware arrives")
+
+Written by `{command}`. Each GPU's kernel models are fitted on the other GPUs' probes of one collector
+(NVIDIA AIConfigurator's, `datasets/public/aiconfigurator/`: the same harness on nine GPUs) and scored on the
+held-out GPU's probes (**without own**); then half of the held-out GPU's probes are added to training and the other
+half scored (**with own**): the "retrain when new hardware arrives" story measured on real silicon. **roofline**:
+the datasheet roofline times the training rows' median measured/roofline ratio, no learned model. Errors are
+|predicted / measured - 1|: MAPE (mean) and the median; at most {rows:,} training probes per GPU and family (a seeded
+draw), {trees} trees per model (the shipped kernel models use 300). Targets (issue 19): GEMM and collectives
+<= 15 % leave-one-GPU-out.
+
+Families: `gemm` (bf16 and fp8 forward GEMMs), `attention` (prefill: causal forward over the prompt), `decode_attention`
+(one decode step over a KV cache), `moe` (a fused MoE layer), `collective` (`nccl`: all-reduce, all-gather,
+reduce-scatter, all-to-all on 2-8 GPUs of one node; `vllm_custom_ar`: vLLM's custom all-reduce, in a CUDA graph and
+eager). Backward attention is not measured by any GPU source: a GPU fwd+bwd attention is the predicted forward x 3.5
+(FlashAttention-2's backward does 2.5x the forward's FLOPs; `models.kernels.ATTN_BACKWARD_RATIO`, tested in
+`tests/test_kernels_silicon.py`), so its error is the forward's plus whatever that ratio misses.
+"""
+
+
+def kernels_accuracy_page(res: pl.DataFrame, *, command: str, rows: int | None, trees: int) -> str:
+    """The Markdown page (docs/kernels-accuracy.md): the intro and one table row per (family, GPU, group)."""
+    from perfpredict.core.formatting import pct
+
+    table = summary_table(res)
+    lines = [PAGE_INTRO.format(command=command, rows=rows or 0, trees=trees).rstrip(), "",
+             "| family | held-out GPU | n | MAPE without own | median | MAPE with own | median | roofline |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in table.iter_rows(named=True):
+        fam = r["family"] if r["group"] == "all" else f"{r['family']}: {r['group']}"
+        lines.append(f"| {fam} | {r['hardware']} | {r['n_test']:,} | {pct(r['mape_without'])} | "
+                     f"{pct(r['median_without'])} | {pct(r['mape_with'])} | {pct(r['median_with'])} | "
+                     f"{pct(r['roofline_mape'])} |")
+    return "\n".join(lines) + "\n"
