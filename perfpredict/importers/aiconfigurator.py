@@ -125,8 +125,9 @@ def import_gemm(src: Path) -> pl.DataFrame:
         # then log-spaced prefill sizes; n and k log-spaced from 128.
         ms = df["m"].unique().to_list()
         small = [m for m in ms if m <= 16 or (m <= GEMM_SMALL_M and m % 16 == 0)]
-        large = log_spaced([m for m in ms if m > GEMM_SMALL_M], GEMM_LARGE_M)
-        nk = log_spaced([v for v in df["n"].unique().to_list() if v >= GEMM_MIN_NK], GEMM_NK)
+        large = log_spaced([m for m in ms if m > GEMM_SMALL_M and m % 2 == 0], GEMM_LARGE_M)
+        # n, k: the powers of two from 128 (upstream's grid also has 1.5x steps and 51,200), log-spaced.
+        nk = log_spaced([v for v in df["n"].unique().to_list() if v >= GEMM_MIN_NK and v & (v - 1) == 0], GEMM_NK)
         df = df.filter(c("m").is_in(small + large) & c("n").is_in(nk) & c("k").is_in(nk))
         frames.append(df.with_columns(
             op=pl.lit("gemm"), pass_=pl.lit("fwd"),
@@ -261,8 +262,9 @@ alltoall: the per-rank input), the schema's meaning.
 
 - probes_gemm: op `gemm`, pass_ `fwd`, gemm_dtype bfloat16 (`torch.nn.functional.linear`) -> dtype `bf16` and fp8
   (per-tensor scaled CUTLASS) -> `fp8`; fp8_block and nvfp4 rows not imported. Subsampled per GPU: every m <= 16 and
-  every multiple of 16 up to 256 (decode batch sizes; upstream's m+1 tile-edge variants dropped), 8 log-spaced m above
-  256 (up to 32,768); n and k each 9 log-spaced values from 128 to 65,536. flops = 2 m n k.
+  every multiple of 16 up to 256 (decode batch sizes; upstream's m+1 tile-edge variants dropped), 8 log-spaced even m
+  above 256 (up to 32,768); n and k each the 9 powers of two upstream has from 128 to 65,536 (128 ... 16,384 and
+  65,536). flops = 2 m n k.
 - probes_context_attention: op `attention` (prefill), pass_ `fwd`, causal, batch = batch_size, seq_len = isl,
   heads / kv_heads / head_dim as upstream, dtype = kv_cache_dtype (bf16 or fp8), attn_impl from kernel_source
   (fa2 -> flash2, fa3 -> flash3, fa4 -> flash4, flashinfer trtllm -> trtllm, flashinfer -> flashinfer, triton ->

@@ -92,6 +92,11 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
         roof_s=pl.max_horizontal(roof, pl.lit(1e-9)))
 
 
+# GPU attention backward from the measured forward: FlashAttention-2's backward computes 2.5x the forward's matmul
+# FLOPs (five GEMMs per tile to the forward's two; Dao 2023, FlashAttention-2, section 3.2), so fwd+bwd = 3.5x the
+# forward at the forward's efficiency. A stated ratio, used only where no GPU backward probe trained the model.
+ATTN_BACKWARD_RATIO = {"fwd_bwd": 3.5, "bwd": 2.5}
+
 # A fused MoE layer's shape (AIConfigurator's moe table names): tokens, hidden, expert FFN width, experts per token,
 # experts, and the moe_tp x moe_ep split of one GPU's share.
 MOE_COLUMNS = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
@@ -118,16 +123,34 @@ ATTN_IMPLS = ("flash2", "flash3", "cudnn", "efficient", "math", "sdpa-cpu", "fla
 COLLECTIVE_FEATURES = ("f_log_bytes", "f_world", "f_cross", "f_is_cpu", "f_op", "f_log_sms", "f_rpn")
 
 
-def kernel_features(df: pl.DataFrame, family: str | None = None) -> pl.DataFrame:
-    """Numeric features for one family's rows (after roofline)."""
-    f = _all_features(df)
+# GPU families leave out f_balance (peak / memory bandwidth at the row's dtype): fp8 rows of a GPU then sit in the
+# same hardware coordinates as its bf16 rows. With it, a held-out H200's fp8 GEMMs (balance below every fp8 row in
+# training) were read as bf16 ones and predicted 1.6x too fast (37 % MAPE leave-one-GPU-out, 13 % without it; B200
+# and H100 no worse). Bundles saved with it keep it: the saved names choose the columns (kernel_features(names=)).
+GPU_DROPPED = ("f_rpn", "f_balance")
+GPU_FAMILIES_NEW_FEATURES = ("gemm", "attention", "decode_attention", "moe")
+
+
+def kernel_features(df: pl.DataFrame, family: str | None = None, names: list[str] | None = None) -> pl.DataFrame:
+    """Numeric features for one family's rows (after roofline): the named columns (a saved model's), or the
+    family's default list."""
     fam = family.removesuffix(".cpu") if family is not None else None
-    if fam == "collective":
-        return f.select(COLLECTIVE_FEATURES)
+    pool = _all_features(df)
     if fam == "moe":
-        # The MoE shape's own columns; the other families keep exactly their saved bundles' feature lists.
-        return pl.concat([f.drop("f_rpn"), _moe_features(df)], how="horizontal")
-    return f.drop("f_rpn")
+        pool = pl.concat([pool, _moe_features(df)], how="horizontal")
+    if names is not None:
+        missing = [n for n in names if n not in pool.columns]
+        if missing:
+            from perfpredict.core.errors import PerfPredictError
+
+            raise PerfPredictError(f"the {family} kernel model was trained on features {missing} this code does not "
+                                   "build; retrain with `perfpredict train`")
+        return pool.select(names)
+    if fam == "collective":
+        return pool.select(COLLECTIVE_FEATURES)
+    if family in GPU_FAMILIES_NEW_FEATURES:  # GPU models only: the CPU ones (family.cpu) keep their list
+        return pool.drop(GPU_DROPPED)
+    return pool.drop("f_rpn")
 
 
 def _moe_features(df: pl.DataFrame) -> pl.DataFrame:
@@ -192,7 +215,27 @@ class KernelModel:
     def prepare(self, probes: pl.DataFrame) -> pl.DataFrame:
         if "family" not in probes.columns:
             probes = probes.with_columns(family=c("op").map_elements(family_of, return_dtype=pl.Utf8))
-        return roofline(probes)
+        return roofline(self._backward_from_forward(probes))
+
+    def _backward_from_forward(self, probes: pl.DataFrame) -> pl.DataFrame:
+        """GPU attention backward as the predicted forward times ATTN_BACKWARD_RATIO, where the GPU attention model
+        saw forward probes only (every GPU source so far: AIConfigurator, Azure). Such a model has never seen a
+        backward row, so its trees would read a fwd_bwd query as a forward of 3.5x the FLOPs at another
+        efficiency (3.2x the forward in a test, not 3.5x). `k_pass_ratio` carries the factor to predict_prepared.
+        Models fitted on GPU backward probes (our own, once collected) learn it; saved bundles without the record
+        of their passes keep their behaviour."""
+        passes = (getattr(self, "families_", None) or {}).get("attention", {}).get("passes")
+        if passes != ["fwd"] or "pass_" not in probes.columns:
+            return probes.with_columns(k_pass_ratio=pl.lit(1.0))
+        from perfpredict.models.hardware_frame import hardware_table
+
+        cpus = hardware_table().filter(c("hw_is_cpu"))["hardware"].to_list()
+        swap = ((c("family") == "attention") & c("pass_").is_in(list(ATTN_BACKWARD_RATIO))
+                & ~c("hardware").is_in(cpus))
+        return probes.with_columns(
+            k_pass_ratio=pl.when(swap).then(c("pass_").replace_strict(ATTN_BACKWARD_RATIO, default=1.0,
+                                                                      return_dtype=pl.Float64)).otherwise(1.0),
+            pass_=pl.when(swap).then(pl.lit("fwd")).otherwise(c("pass_")))
 
     @staticmethod
     def _keys(df: pl.DataFrame) -> np.ndarray:
@@ -204,10 +247,10 @@ class KernelModel:
         return np.where(cpu, fam + ".cpu", fam)
 
     def fit(self, probes: pl.DataFrame) -> KernelModel:
-        df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
         self.models_ = {}
         self.feature_names_ = {}
         self.families_ = {}
+        df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
         keys = self._keys(df)
         for key in sorted(set(keys)):
             sub = df.filter(pl.Series(keys == key))
@@ -217,7 +260,8 @@ class KernelModel:
             self.feature_names_[key] = kernel_features(sub.head(1), key).columns
             y = np.log10(sub["time_s"].to_numpy() / sub["roof_s"].to_numpy())
             self.models_[key] = GBRegressor(seed=self.seed, **(self.params or XGB_PARAMS)).fit(X, y)
-            self.families_[key] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list())}
+            self.families_[key] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list()),
+                                   "passes": sorted(sub["pass_"].drop_nulls().unique().to_list())}
         return self
 
     def predict_prepared(self, df: pl.DataFrame) -> np.ndarray:
@@ -233,9 +277,11 @@ class KernelModel:
             if model is None:
                 out[idx] = roof[idx] * 2.0
                 continue
-            X = kernel_features(df.filter(pl.Series(idx)), name).to_numpy()
+            X = kernel_features(df.filter(pl.Series(idx)), name, self.feature_names_.get(name)).to_numpy()
             ratio = 10.0 ** model.predict(X)
             out[idx] = roof[idx] * ratio
+        if "k_pass_ratio" in df.columns:
+            out *= df["k_pass_ratio"].to_numpy()
         return out
 
     def predict(self, probes: pl.DataFrame) -> np.ndarray:
