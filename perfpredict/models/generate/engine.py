@@ -44,7 +44,7 @@ from perfpredict.models.generate.silicon import SiliconKernels
 STEP_OVERHEAD_S = {"vllm": 0.0, "sglang": 0.0, "trtllm": 0.0}
 # Measured / composed TPOT on the silicon runs (docs/generate-accuracy.md), 5th and 95th percentiles: the 90 %
 # interval of a composed time, dense and MoE.
-TPOT_RATIO_INTERVAL = {False: (0.70, 1.32), True: (0.56, 1.56)}
+TPOT_RATIO_INTERVAL = {False: (0.73, 1.35), True: (0.57, 1.54)}
 ELEMENTWISE_PASSES = 10  # hidden-sized reads+writes per layer outside GEMMs: 2 norms, rotary, act, 2 residuals
 
 
