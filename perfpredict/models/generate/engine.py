@@ -42,6 +42,13 @@ from perfpredict.models.generate.silicon import SiliconKernels
 # with the GPU (async scheduling, CUDA graphs); on the silicon runs a fitted per-step overhead traded against the
 # kernel scale and lost on every held-out split (train.generate_silicon), so the composition carries none.
 STEP_OVERHEAD_S = {"vllm": 0.0, "sglang": 0.0, "trtllm": 0.0}
+# The host's round trip per scheduled batch (update_from_output, schedule, broadcast to the workers): the stated
+# estimate the roofline composition uses (models.generate.compose.GPU_STEP_OVERHEAD_S). With pipeline parallelism
+# vLLM keeps exactly pp batches in flight (vllm/config/vllm.py max_concurrent_batches: "PP requires PP-size
+# concurrent batches to fill the pipeline"; pp + 1 only with the V2 model runner), so a micro-batch leaving the
+# last stage waits for it before re-entering the first, and the first stage idles that long once per cycle; at
+# pp = 1 async scheduling keeps a second batch in flight and hides it.
+PP_HOST_ROUNDTRIP_S = 1.5e-3
 # Measured / composed TPOT on the silicon runs (docs/generate-accuracy.md), 5th and 95th percentiles: the 90 %
 # interval of a composed time, dense and MoE.
 TPOT_RATIO_INTERVAL = {False: (0.73, 1.35), True: (0.57, 1.54)}
@@ -215,6 +222,8 @@ def steady_state(k: SiliconKernels, m: ModelSpec, gpu: GPUSpec, par: Parallel, *
         return one.scaled(pp).plus(StepParts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, send * pp)) if pp > 1 else one
 
     dstep = cycle(dec, 0.0, 1.0)
+    if pp > 1:
+        dstep = dstep.plus(StepParts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, PP_HOST_ROUNDTRIP_S))
     mixed = cycle(dec, chunk, chunk)
     # Steps carrying a chunk are slower by (mixed - dstep); a share pre_per_step / chunk of steps carries one. The
     # cost per prompt token is read over at least 1,024 tokens: a difference of two nearby points of the measured

@@ -167,7 +167,7 @@ def _step_text(r: dict[str, Any]) -> str:
     b = r["breakdown"]
     parts = [("GEMMs", b["gemm"]), ("attention", b["attention"]), ("MoE", b["moe"]),
              (f"all-reduce (2 per layer, TP{r['tp']})", b["all_reduce"]), ("LM head", b["lm_head"]),
-             (f"PP sends ({r['pp']} stages)", b["pp_send"]), ("prefill chunks mixed in", b["prefill_mixed_in"])]
+             (f"PP sends + host round trip ({r['pp']} stages)", b["pp_send"]), ("prefill chunks mixed in", b["prefill_mixed_in"])]
     body = ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in parts if v > 5e-5)
     return f"{1e3 * r['tpot_s']:.1f} ms per output token ({body})"
 
