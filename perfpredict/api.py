@@ -381,8 +381,9 @@ def rank_generation(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, 
                     samples_per_prompt: int = 1, input_len: int = 512, output_len: int = 512, precision: str = "bf16",
                     max_num_seqs: list[int] | None = None, kv_space_gib: float | None = None,
                     gpu_memory_utilization: float = 0.9, kv_cache_dtype: str = "auto",
-                    predictor: Path | str | None = None):
-    """vLLM layouts (TP, PP, replicas, max_num_seqs) of a generation workload, best predicted throughput first."""
+                    predictor: Path | str | None = None, engine: str = "vllm", engine_version: str | None = None):
+    """Serving-engine layouts (TP, PP, replicas, max_num_seqs) of a generation workload, best predicted throughput
+    first; `engine` vllm (default), sglang or trtllm and its version are named in the answer."""
     from perfpredict.predictor.generate.predict import load_generation_model
     from perfpredict.predictor.generate.rank import rank_generate
 
@@ -394,7 +395,7 @@ def rank_generation(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, 
                                "--gpu-memory-utilization")
     return rank_generate(model=m, cluster=cluster, workload=w, max_num_seqs=max_num_seqs, kv_space_gib=kv_space_gib,
                          gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
-                         gen_model=load_generation_model(predictor))
+                         gen_model=load_generation_model(predictor), engine=engine, engine_version=engine_version)
 
 
 def rank_iteration(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, prompts: int,

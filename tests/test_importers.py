@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from perfpredict.core.dataset import PROVENANCE, SCHEMA_VERSION, probe_schema
-from perfpredict.importers import IMPORTERS, TRANSCRIBED, azure, import_public, playbook, vidur, vtrain
+from perfpredict.importers import IMPORTERS, TRANSCRIBED, aiconfigurator, azure, import_public, playbook, vidur, vtrain
 from perfpredict.importers.__main__ import main
 from perfpredict.importers.common import COMMAND_PREFIX, log_spaced, run_id, runs_schema
 
@@ -209,6 +209,70 @@ def test_azure_probes():
     assert df.filter(pl.col("op") != "attention").select("causal", "attn_impl").null_count().row(0) == (101, 101)
     sw = json.loads(_row(df, "gemm_cublaslt.csv:10")["software"])
     assert sw["nccl"] == "2.18.5" and sw["cuda"] == "12.6"
+
+
+# --- aiconfigurator ----------------------------------------------------------------------------------------------
+AIC_COMMITTED = COMMITTED / "aiconfigurator"
+
+
+def _aic(table: str) -> pl.DataFrame:
+    return pl.read_parquet(AIC_COMMITTED / f"probes_{table}.parquet")
+
+
+def test_aiconfigurator_nccl_units_match_the_h100_allreduce_check():
+    """SOURCE.md's check: the H100 8-GPU NCCL half all-reduce at message_size 268,435,456 takes 2.11 ms. That size
+    is an element count (upstream collector/network/collect_nccl.py logs `size // bytes_per_element`), so the row
+    moves 512 MiB: bus bandwidth 2 x 7/8 x 512 MiB / 2.11 ms = 445 GB/s, under the 450 GB/s NVLink figure."""
+    df = _aic("nccl").filter((pl.col("hardware") == "h100-sxm-80gb") & (pl.col("op") == "all_reduce")
+                             & (pl.col("world_size") == 8) & (pl.col("dtype") == "fp16")
+                             & (pl.col("message_size") == 268435456))
+    assert df.height == 1
+    r = df.row(0, named=True)
+    assert r["time_s"] == pytest.approx(2.11106e-3) and r["latency"] == pytest.approx(2.11106)
+    assert r["bytes"] == 512 * 2**20 and r["ranks_per_node"] == 8
+    busbw = r["bytes"] * 2 * 7 / 8 / r["time_s"] / 1e9
+    assert 400 < busbw < 450
+    # int8 elements are bytes: the same bytes at int8 (no NVLS reduction) run at ring speed, slower than half.
+    i8 = _aic("nccl").filter((pl.col("hardware") == "h100-sxm-80gb") & (pl.col("op") == "all_reduce")
+                             & (pl.col("world_size") == 8) & (pl.col("dtype") == "int8")
+                             & (pl.col("bytes") == 512 * 2**20)).row(0, named=True)
+    assert i8["message_size"] == 512 * 2**20 and i8["time_s"] > r["time_s"]
+
+
+def test_aiconfigurator_tables_cover_every_gpu_and_family():
+    gpus = set(aiconfigurator.GPUS.values())
+    for table in aiconfigurator.TABLES:
+        df = _aic(table)
+        assert set(df["hardware"]) == gpus, table
+        assert df["source"].unique().to_list() == ["aiconfigurator"]
+        assert (df["time_s"] == df["latency"] / 1000).all()
+        assert df["runtime"].null_count() == 0 and df["runtime_version"].null_count() == 0
+    g = _aic("gemm")
+    assert set(g["dtype"]) == {"bf16", "fp8"} and set(range(1, 17)) <= set(g["m"])
+    assert (g["flops"] == 2.0 * g["m"] * g["n"] * g["k"]).all()
+    dec = _aic("generation_attention")
+    assert set(dec["op"]) == {"decode_attention"} and (dec["seq_len"] == dec["step"]).all()
+    ctx = _aic("context_attention")
+    assert set(ctx["op"]) == {"attention"} and ctx["causal"].all() and (ctx["step"] == 0).all()
+    assert set(_aic("nccl")["op"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}
+    assert set(_aic("custom_allreduce")["op"]) == {"custom_all_reduce", "custom_all_reduce_eager"}
+    # runtime and version come from collection_meta.yaml: vLLM 0.24.0 on the H100, NCCL 2.29.2 on its comm
+    assert set(g.filter(pl.col("hardware") == "h100-sxm-80gb")["runtime_version"]) == {"0.24.0"}
+    assert set(_aic("nccl").filter(pl.col("hardware") == "h100-sxm-80gb")["runtime_version"]) == {"2.29.2"}
+
+
+@needs_shared
+def test_aiconfigurator_rows_match_upstream():
+    """A row of each imported table equals its upstream parquet row (upstream_ref = file:row)."""
+    for table in aiconfigurator.TABLES:
+        df = _aic(table)
+        r = df.row(df.height // 2, named=True)
+        path, row = r["upstream_ref"].rsplit(":", 1)
+        up = pl.read_parquet(SHARED / "aiconfigurator" / path).row(int(row), named=True)
+        assert up["latency"] == r["latency"] and r["time_s"] == pytest.approx(up["latency"] / 1000)
+        for key in ("m", "n", "k", "num_gpus", "message_size", "batch_size", "num_tokens", "step"):
+            if key in up:
+                assert up[key] == r[key], (table, key)
 
 
 # --- the whole run and the committed files -----------------------------------------------------------------------

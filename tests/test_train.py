@@ -19,7 +19,7 @@ from perfpredict.train.data import load_runs
 runner = CliRunner()
 MEASURED_SOURCES = {"ours-cpu", "ours-gpu", "vtrain", "ultrascale_playbook", "vidur", "azure_ai_benchmarking",
                     # published GPU fine-tuning runs transcribed from upstream text (tests/test_finetune_sources.py)
-                    "msswift_examples", "nemo_automodel"}
+                    "msswift_examples", "nemo_automodel", "aiconfigurator"}
 
 
 @pytest.fixture(scope="module")

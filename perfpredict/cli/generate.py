@@ -53,11 +53,14 @@ def layout_table(df: pl.DataFrame, title: str) -> Table:
 
 
 def flat_for_csv(df: pl.DataFrame) -> pl.DataFrame:
-    """CSV cells hold one value: each [lo, hi] interval becomes its own _lo and _hi columns."""
+    """CSV cells hold one value: each [lo, hi] interval becomes its own _lo and _hi columns, and each part of a
+    breakdown its own <column>_<part> column."""
     cols = []
     for c, t in df.schema.items():
         if isinstance(t, pl.List):
             cols += [pl.col(c).list.get(0).alias(f"{c}_lo"), pl.col(c).list.get(1).alias(f"{c}_hi")]
+        elif isinstance(t, pl.Struct):
+            cols += [pl.col(c).struct.field(f.name).alias(f"{c}_{f.name}") for f in t.fields]
         else:
             cols.append(pl.col(c))
     return df.select(cols)
@@ -86,6 +89,10 @@ def generate_rank_cmd(
     kv_space_gib: Annotated[float | None, typer.Option(help="VLLM_CPU_KVCACHE_SPACE per rank (CPU hosts only)")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="vLLM's --kv-cache-dtype: auto (the model data type; bf16 for an "
                                                      "FP8 checkpoint), fp8, fp8_e4m3, fp8_e5m2, bf16, fp16")] = "auto",
+    engine: Annotated[str, typer.Option(help="serving engine: vllm, sglang or trtllm (kernels measured under vLLM; "
+                                             "the others are composed from them, and the output says so)")] = "vllm",
+    engine_version: Annotated[str | None, typer.Option(help="the engine's version (default: the one the "
+                                                            "prediction describes, printed above the table)")] = None,
     top: TopOpt = 10,
     explain: ExplainOpt = False,
     json_out: JsonOpt = None,
@@ -95,7 +102,7 @@ def generate_rank_cmd(
     emit_dir: EmitDirOpt = Path("perfpredict-plan"),
     predictor: PredictorOpt = None,
 ) -> None:
-    """Rank vLLM layouts (TP, PP, replicas, max_num_seqs) by predicted generation throughput."""
+    """Rank serving-engine layouts (TP, PP, replicas, max_num_seqs) by predicted generation throughput."""
     from perfpredict.api import rank_generation
     from perfpredict.core.errors import PerfPredictError, check_int
     from perfpredict.core.paths import writable_dir
@@ -113,7 +120,7 @@ def generate_rank_cmd(
                         samples_per_prompt=samples_per_prompt, input_len=input_len, output_len=output_len,
                         precision=precision, max_num_seqs=max_num_seqs, kv_space_gib=kv_space_gib,
                         gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
-                        predictor=predictor)
+                        predictor=predictor, engine=engine, engine_version=engine_version)
     f = r.fitting
     say(gr.headline(r))
     if f.height:
@@ -186,12 +193,28 @@ def generate_evaluate_cmd(
     seed: SeedOpt = 0,
     json_out: JsonOpt = None,
     save: Annotated[bool, typer.Option(help="save the model fitted on all rows as the shipped one")] = False,
+    silicon: Annotated[bool, typer.Option(help="instead: the GPU composition from measured silicon against the "
+                                               "silicon_sample serving runs (datasets/public/aiconfigurator_e2e)")]
+    = False,
 ) -> None:
-    """Held-out accuracy of the generation model on measured vLLM runs (and refit it with --save)."""
+    """Held-out accuracy of the generation model on measured vLLM runs (and refit it with --save); with --silicon,
+    of the GPU composition on vLLM / SGLang / TensorRT-LLM serving runs, held out by model, GPU and backend."""
     from perfpredict.train.generate import evaluate, vidur_root
 
     check_outputs(json_out=json_out)
     say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
+    if silicon:
+        from perfpredict.core.errors import PerfPredictError
+        from perfpredict.train.generate_silicon import evaluate_silicon
+
+        if save:
+            raise PerfPredictError("--save refits the CPU-learned model; the silicon composition has nothing to save")
+        res = evaluate_silicon(data)
+        for line in silicon_report(res):
+            say(line)
+        if json_out:
+            write_text(json_out, json.dumps(res, indent=1, default=str))
+        return
     res = evaluate(data, seed=seed)
     model = res.pop("model")
     say(f"{res['rows']:,} measured vLLM rows ({res['ok_rows']:,} ok) -> {res['configs']:,} configurations "
@@ -234,3 +257,41 @@ def generate_evaluate_cmd(
     if save:
         say(f"saved the model trained on all rows to {model.save()}")
 
+
+
+def silicon_report(res: dict) -> list:
+    """The tables `generate evaluate --silicon` prints: errors per held-out group, composition and correction,
+    dense and MoE apart; layout choice beside the rule of thumb and a roofline."""
+    out: list = [f"{res['rows']:,} measured serving runs composed from their GPU's kernels; left out: "
+                 + "; ".join(f"{k} ({v:,})" for k, v in res["skipped"].items())]
+    t = Table("held out", "kind", "runs", "TPOT MAPE", "TTFT MAPE", "TTFT corrected", "tok/s per GPU MAPE",
+              "corrected", "roofline", title="composition (no fitted part) on held-out groups; the correction "
+                                             "refitted without the group")
+    for s in res["splits"]:
+        for kind in ("dense", "moe"):
+            c, k = s["composition"].get(kind), s["corrected"].get(kind)
+            if not c:
+                continue
+            t.add_row(f"{s['split']}: {s['held_out']}", kind, f"{c['rows']:,}", pct(c["tpot_mape"]),
+                      pct(c["ttft_mape"]), pct(k["ttft_mape"]), pct(c["throughput_mape"]), pct(k["throughput_mape"]),
+                      pct(c["roofline_throughput_mape"]))
+    for kind in ("dense", "moe"):
+        c = res["composition"].get(kind)
+        if c:
+            t.add_row("all", kind, f"{c['rows']:,}", pct(c["tpot_mape"]), pct(c["ttft_mape"]), "",
+                      pct(c["throughput_mape"]), "", pct(c["roofline_throughput_mape"]))
+    out.append(t)
+    lay = res["layout_composition"]
+    lt = Table("chooser", "best within 5 %", "mean regret", title=f"TP choice in {lay['groups']} groups (backend x "
+               "model x GPU x format x isl/osl, >= 2 TP degrees measured)")
+    lt.add_row("composition", pct(lay["pred_within_5pct"], 0), pct(lay["pred_mean_regret"]))
+    lt.add_row("rule: smallest TP that fits", pct(lay["rule_within_5pct"], 0), pct(lay["rule_mean_regret"]))
+    lt.add_row("roofline", pct(lay["roof_within_5pct"], 0), pct(lay["roof_mean_regret"]))
+    out.append(lt)
+    used = res["correction_used"]
+    for q, what in (("tpot", "TPOT / throughput (a scale per backend x dense/MoE)"),
+                    ("ttft", "TTFT (steady state + opening burst + a fixed front-end time, per backend)")):
+        out.append(f"learned correction of {what}: " + ("used: it lowers the held-out error on every split"
+                                                         if used[q] else "not used: it does not lower the held-out "
+                                                                         "error on every split"))
+    return out

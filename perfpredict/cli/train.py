@@ -147,6 +147,73 @@ def evaluate_cmd(
         say(f"plot: {plot_predicted_vs_measured(res['predictions'], plot)}")
 
 
+@command("evaluate-kernels")
+def evaluate_kernels_cmd(
+    data: DataOpt = Path("datasets"),
+    seed: SeedOpt = 0,
+    hardware: Annotated[list[str] | None, typer.Option(help="GPUs to hold out (repeat), e.g. h200-sxm-141gb; "
+                                                             "default every GPU the source measured")] = None,
+    family: Annotated[list[str] | None, typer.Option(help="kernel families (repeat): gemm, attention, collective, "
+                                                           "decode_attention, moe; default all")] = None,
+    source: Annotated[str, typer.Option(help="the source whose GPU probes are held out and trained on")] = "aiconfigurator",
+    all_sources: Annotated[bool, typer.Option(help="train on every source's GPU probes, not only --source's")] = False,
+    own_fraction: Annotated[float, typer.Option(help="share of the held-out GPU's probes added back (second score)")] = 0.5,
+    rows_per_gpu: Annotated[int, typer.Option(help="at most this many training probes per GPU and family (0 = all)")] = 2000,
+    json_out: JsonOpt = None,
+    markdown: Annotated[Path | None, typer.Option(help="write the accuracy page (e.g. docs/kernels-accuracy.md)")] = None,
+    from_json: Annotated[Path | None, typer.Option(help="render --markdown from a saved --json instead of "
+                                                        "evaluating again")] = None,
+) -> None:
+    """Kernel models leave-one-GPU-out: each GPU predicted from the other GPUs' probes alone, then with a share of
+    its own, beside the roofline alone. MAPE = mean |predicted / measured - 1|."""
+    from perfpredict.core.errors import PerfPredictError
+    from perfpredict.train.kernels_eval import EVAL_PARAMS, evaluate_kernels, kernels_accuracy_page, summary_table
+
+    check_outputs(json_out=json_out, not_same_as=markdown)
+    if markdown is not None:
+        from perfpredict.core.paths import writable_file
+
+        writable_file("--markdown", markdown)
+    if not 0.0 < own_fraction < 1.0:
+        raise PerfPredictError(f"--own-fraction must be between 0 and 1 (exclusive), got {own_fraction}")
+    if rows_per_gpu < 0:
+        raise PerfPredictError(f"--rows-per-gpu must be 0 (all) or positive, got {rows_per_gpu}")
+    say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
+    if from_json is not None:
+        try:
+            res = pl.DataFrame(json.loads(Path(from_json).read_text()))
+        except (OSError, ValueError) as e:
+            raise PerfPredictError(f"--from-json {str(from_json)!r}: not a saved evaluate-kernels --json ({e})") from None
+    else:
+        with _progress(quiet=machine_readable(json_out)) as prog:
+            task = prog.add_task("evaluating", total=None)
+            res = evaluate_kernels(data=data, hardware=tuple(hardware or ()), families=tuple(family or ()),
+                                   source=source, all_sources=all_sources, own_fraction=own_fraction,
+                                   max_rows_per_gpu=rows_per_gpu or None, seed=seed,
+                                   progress=lambda m: prog.update(task, description=f"held out {m}"))
+    table = summary_table(res)
+    t = Table(title=f"kernels leave-one-GPU-out ({source} probes; MAPE)")
+    for h in ("family", "held-out GPU", "n", "without own", "med", "with own", "med", "roofline"):
+        t.add_column(h, justify="right")
+    for r in table.iter_rows(named=True):
+        fam = r["family"] if r["group"] == "all" else f"{r['family']}:{r['group']}"
+        t.add_row(fam, r["hardware"], f"{r['n_test']:,}", pct(r["mape_without"]), pct(r["median_without"]),
+                  pct(r["mape_with"]), pct(r["median_with"]), pct(r["roofline_mape"]))
+    say(t)
+    if json_out:
+        write_text(json_out, json.dumps(res.to_dicts(), indent=1))
+    if markdown is not None:
+        # The command that reproduces the numbers (not --from-json: the evaluation it rendered).
+        parts = ["perfpredict evaluate-kernels", f"--rows-per-gpu {rows_per_gpu}", f"--seed {seed}",
+                 *(f"--hardware {h}" for h in hardware or ()), *(f"--family {f}" for f in family or ()),
+                 *([f"--source {source}"] if source != "aiconfigurator" else []),
+                 *(["--all-sources"] if all_sources else []),
+                 *([f"--own-fraction {own_fraction}"] if own_fraction != 0.5 else [])]
+        write_text(markdown, kernels_accuracy_page(res, command=" ".join(parts), rows=rows_per_gpu or None,
+                                                   trees=EVAL_PARAMS["n_estimators"]))
+        say(f"wrote {markdown}")
+
+
 @command("import-public")
 def import_public_cmd(
     shared: Annotated[Path, typer.Option(help="the public data folder")] = Path("../shared/data/public"),

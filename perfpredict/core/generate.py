@@ -4,7 +4,8 @@ JSON keys: `"phase": "generate"`, `model` and `hardware` as for training (on a C
 engine rank counts as one device), `workload` {prompts, samples_per_prompt = 1, input_len, output_len,
 precision = bf16, shared_prefix_len = 0}, `layout` {tp, pp = 1, replicas, max_num_seqs = engine default,
 gpu_memory_utilization = 0.9 (GPUs), kv_space_gib (CPUs; VLLM_CPU_KVCACHE_SPACE), kv_cache_memory_bytes,
-max_model_len = input + output, prefix_caching = true (vLLM V1's default), max_num_batched_tokens = engine default}."""
+max_model_len = input + output, prefix_caching = true (vLLM V1's default), max_num_batched_tokens = engine default,
+kv_cache_dtype = auto, engine = vllm (or sglang, trtllm), engine_version, expert_parallel = false}."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+# Serving engines a generation layout can name. Kernels are measured (datasets/public/aiconfigurator) under vLLM;
+# SGLang and TensorRT-LLM are composed from those kernels with their measured end-to-end ratio (see
+# models.generate.engine.ENGINE_SCALE), and the output says so.
+ENGINES = ("vllm", "sglang", "trtllm")
 KV_CACHE_DTYPES = ("auto", "bf16", "fp16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -76,8 +81,18 @@ class GenLayout:
     prefix_caching: bool = True
     max_num_batched_tokens: int | None = None
     kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype: auto (the model data type), fp8, fp8_e4m3, fp8_e5m2, ...
+    engine: str = "vllm"          # vllm | sglang | trtllm
+    engine_version: str | None = None  # None = the version the prediction describes by default (named in the output)
+    expert_parallel: bool = False  # vLLM's --enable-expert-parallel: a MoE layer's experts split over the TP ranks
 
     def __post_init__(self) -> None:
+        if not isinstance(self.expert_parallel, bool):
+            raise PerfPredictError(f"layout expert_parallel must be true or false, got {self.expert_parallel!r}")
+        if self.engine not in ENGINES:
+            raise PerfPredictError(f"layout engine {self.engine!r} unknown; accepted: {', '.join(ENGINES)}")
+        if self.engine_version is not None and not (isinstance(self.engine_version, str) and self.engine_version
+                                                    .strip()):
+            raise PerfPredictError(f"layout engine_version must be a version string, got {self.engine_version!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise PerfPredictError(f"layout kv_cache_dtype {self.kv_cache_dtype!r} unknown; accepted: "
                                    f"{', '.join(KV_CACHE_DTYPES)}")
@@ -96,12 +111,14 @@ class GenLayout:
         return self.tp * self.pp * self.replicas
 
     def label(self) -> str:
-        s = f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "") + f" x{self.replicas}"
+        s = f"TP{self.tp}" + ("(EP)" if self.expert_parallel else "") + (f"xPP{self.pp}" if self.pp > 1 else "") \
+            + f" x{self.replicas}"
         return s + (f" mns{self.max_num_seqs}" if self.max_num_seqs else "")
 
     def to_dict(self) -> dict[str, Any]:
         # "auto" is vLLM's default: left out, like the None fields, so a layout's dict names only what was set.
-        return {k: v for k, v in asdict(self).items() if v is not None and not (k == "kv_cache_dtype" and v == "auto")}
+        return {k: v for k, v in asdict(self).items() if v is not None and not (k == "kv_cache_dtype" and v == "auto")
+                and not (k == "engine" and v == "vllm") and not (k == "expert_parallel" and v is False)}
 
     @classmethod
     def from_dict(cls, d: Any) -> GenLayout:

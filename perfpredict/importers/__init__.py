@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfpredict.importers import azure, msswift, nemo_automodel, playbook, vidur, vtrain
+from perfpredict.importers import aiconfigurator, azure, msswift, nemo_automodel, playbook, vidur, vtrain
 
-IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure}
+IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure,
+             "aiconfigurator": aiconfigurator}
 TRANSCRIBED = {"msswift_examples": msswift, "nemo_automodel": nemo_automodel}
 
 

@@ -14,10 +14,12 @@ from perfpredict.models.gb import GBRegressor
 from perfpredict.models.hardware_frame import with_hardware
 
 c = pl.col
-FAMILIES = ("gemm", "attention", "membound", "collective")
+FAMILIES = ("gemm", "attention", "membound", "collective", "decode_attention", "moe")
 MEMBOUND_OPS = ("rmsnorm", "layernorm", "swiglu", "gelu", "softmax", "cross_entropy", "add", "adam", "copy")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+# vLLM's custom all-reduce (inside a CUDA graph, and eager) comes last so the f_op codes of the others stay put.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast",
+               "custom_all_reduce", "custom_all_reduce_eager")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1}
 PASSES = ("fwd", "bwd_input", "bwd_weight", "fwd_bwd", "bwd", "step", "comm")
 # Bytes each membound op moves per element of its main tensor (reads + writes, 16-bit), as implemented unfused.
 MEMBOUND_TRAFFIC = {"rmsnorm": 2.0, "layernorm": 2.0, "swiglu": 3.0, "gelu": 2.0, "softmax": 2.0,
@@ -25,10 +27,11 @@ MEMBOUND_TRAFFIC = {"rmsnorm": 2.0, "layernorm": 2.0, "swiglu": 3.0, "gelu": 2.0
 
 
 def family_of(op: str) -> str:
-    if op == "gemm":
-        return "gemm"
-    if op == "attention":
-        return "attention"
+    """gemm | attention (prefill / training, causal over the sequence) | decode_attention (one query token per
+    sequence over a KV cache: bandwidth-bound, a kernel of its own) | moe (a fused MoE layer) | collective |
+    membound."""
+    if op in ("gemm", "attention", "decode_attention", "moe"):
+        return op
     if op in COLLECTIVES:
         return "collective"
     return "membound"
@@ -63,6 +66,10 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
     attn_fwd = pl.when(causal).then(2.0).otherwise(4.0) * b * a * s * s * hd
     attn_flops = pl.when(c("pass_") == "fwd").then(attn_fwd).otherwise(3.5 * attn_fwd)
     attn_bytes = dbytes * b * s * hd * (2.0 * a + 2.0 * kv) * pl.when(c("pass_") == "fwd").then(1.0).otherwise(2.5)
+    # Decode attention: one query token per sequence reads the whole KV cache (K and V) once; 4*b*a*s*hd FLOPs.
+    dec_flops = 4.0 * b * a * s * hd
+    dec_bytes = dbytes * b * kv * hd * (2.0 * s + 2.0) + 2.0 * b * a * hd * 2.0
+    moe_flops, moe_bytes = _moe_work(df, dbytes)
     traffic = c("op").replace_strict(MEMBOUND_TRAFFIC, default=2.0, return_dtype=pl.Float64)
     mem_bytes = pl.coalesce(c("bytes").cast(pl.Float64), c("numel").cast(pl.Float64) * dbytes * traffic)
     peak = _peak_tflops() * 1e12
@@ -75,8 +82,10 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
     link = pl.coalesce(link_col, catalog_link) * 1e9
     coll_bytes = c("bytes").cast(pl.Float64) * _algo_factor()
     fam = c("family")
-    flops = (pl.when(fam == "gemm").then(gemm_flops).when(fam == "attention").then(attn_flops).otherwise(0.0))
+    flops = (pl.when(fam == "gemm").then(gemm_flops).when(fam == "attention").then(attn_flops)
+             .when(fam == "decode_attention").then(dec_flops).when(fam == "moe").then(moe_flops).otherwise(0.0))
     moved = (pl.when(fam == "gemm").then(gemm_bytes).when(fam == "attention").then(attn_bytes)
+             .when(fam == "decode_attention").then(dec_bytes).when(fam == "moe").then(moe_bytes)
              .when(fam == "membound").then(mem_bytes).otherwise(coll_bytes))
     roof = (pl.when(fam == "collective").then(moved / link)
             .otherwise(pl.max_horizontal(flops / peak, moved / hbm)))
@@ -84,19 +93,79 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
         roof_s=pl.max_horizontal(roof, pl.lit(1e-9)))
 
 
-ATTN_IMPLS = ("flash2", "flash3", "cudnn", "efficient", "math", "sdpa-cpu")
+# GPU attention backward from the measured forward: FlashAttention-2's backward computes 2.5x the forward's matmul
+# FLOPs (five GEMMs per tile to the forward's two; Dao 2023, FlashAttention-2, section 3.2), so fwd+bwd = 3.5x the
+# forward at the forward's efficiency. A stated ratio, used only where no GPU backward probe trained the model.
+ATTN_BACKWARD_RATIO = {"fwd_bwd": 3.5, "bwd": 2.5}
+
+# A fused MoE layer's shape (AIConfigurator's moe table names): tokens, hidden, expert FFN width, experts per token,
+# experts, and the moe_tp x moe_ep split of one GPU's share.
+MOE_COLUMNS = ("num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
+
+
+def _moe_work(df: pl.DataFrame, dbytes: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
+    """(FLOPs, bytes) of one GPU's share of a gated MoE layer: gate, up and down GEMMs of tokens x topk / ep routed
+    rows at inter / tp width, and the weights of the local experts those tokens touch (expected distinct experts
+    under uniform routing: E_local x (1 - (1 - 1/E)^(tokens x topk)))."""
+    if not set(MOE_COLUMNS) <= set(df.columns):
+        return pl.lit(0.0), pl.lit(0.0)
+    t, h, i, k, e, tp, ep = (c(x).cast(pl.Float64) for x in MOE_COLUMNS)
+    flops = 6.0 * h * (i / tp) * t * k / ep
+    touched = (e / ep) * (1.0 - (1.0 - 1.0 / e).pow(t * k))
+    weights = touched * 3.0 * h * (i / tp) * dbytes
+    acts = 2.0 * t * h * 2.0 + 3.0 * t * k / ep * (i / tp) * 2.0
+    return flops, weights + acts
+
+
+ATTN_IMPLS = ("flash2", "flash3", "cudnn", "efficient", "math", "sdpa-cpu", "flash4", "trtllm", "flashinfer", "triton")
 # A collective's efficiency is learned against its bandwidth roofline from features that do not contain the link
 # rate itself: the predicted time then scales exactly with 1/bandwidth, so a user's faster link is never slower
 # (a tree given log(link) or log(roof) learned to cancel them, and predicted TP-8 faster at 8 GB/s than at 300).
 COLLECTIVE_FEATURES = ("f_log_bytes", "f_world", "f_cross", "f_is_cpu", "f_op", "f_log_sms", "f_rpn")
 
 
-def kernel_features(df: pl.DataFrame, family: str | None = None) -> pl.DataFrame:
-    """Numeric features for one family's rows (after roofline)."""
-    f = _all_features(df)
-    if family is not None and family.removesuffix(".cpu") == "collective":
-        return f.select(COLLECTIVE_FEATURES)
-    return f.drop("f_rpn")
+# GPU families leave out f_balance (peak / memory bandwidth at the row's dtype): fp8 rows of a GPU then sit in the
+# same hardware coordinates as its bf16 rows. With it, a held-out H200's fp8 GEMMs (balance below every fp8 row in
+# training) were read as bf16 ones and predicted 1.6x too fast (37 % MAPE leave-one-GPU-out, 13 % without it; B200
+# and H100 no worse). Bundles saved with it keep it: the saved names choose the columns (kernel_features(names=)).
+GPU_DROPPED = ("f_rpn", "f_balance")
+GPU_FAMILIES_NEW_FEATURES = ("gemm", "attention", "decode_attention", "moe")
+
+
+def kernel_features(df: pl.DataFrame, family: str | None = None, names: list[str] | None = None) -> pl.DataFrame:
+    """Numeric features for one family's rows (after roofline): the named columns (a saved model's), or the
+    family's default list."""
+    fam = family.removesuffix(".cpu") if family is not None else None
+    pool = _all_features(df)
+    if fam == "moe":
+        pool = pl.concat([pool, _moe_features(df)], how="horizontal")
+    if names is not None:
+        missing = [n for n in names if n not in pool.columns]
+        if missing:
+            from perfpredict.core.errors import PerfPredictError
+
+            raise PerfPredictError(f"the {family} kernel model was trained on features {missing} this code does not "
+                                   "build; retrain with `perfpredict train`")
+        return pool.select(names)
+    if fam == "collective":
+        return pool.select(COLLECTIVE_FEATURES)
+    if family in GPU_FAMILIES_NEW_FEATURES:  # GPU models only: the CPU ones (family.cpu) keep their list
+        return pool.drop(GPU_DROPPED)
+    return pool.drop("f_rpn")
+
+
+def _moe_features(df: pl.DataFrame) -> pl.DataFrame:
+    cols = {x: (c(x).cast(pl.Float64) if x in df.columns else pl.lit(None, pl.Float64)) for x in MOE_COLUMNS}
+    log = lambda e: (e.fill_null(0.0) + 1.0).log10()  # noqa: E731
+    return df.select(
+        f_moe_log_tokens=log(cols["num_tokens"]), f_moe_log_hidden=log(cols["hidden_size"]),
+        f_moe_log_inter=log(cols["inter_size"]), f_moe_topk=cols["topk"].fill_null(0.0),
+        f_moe_log_experts=log(cols["num_experts"]), f_moe_tp=cols["moe_tp_size"].fill_null(1.0),
+        f_moe_ep=cols["moe_ep_size"].fill_null(1.0),
+        # routed rows per local expert: below ~16 the grouped GEMM is weight-bound, above it compute-bound
+        f_moe_log_rows_per_expert=log(cols["num_tokens"] * cols["topk"] / cols["num_experts"]),
+        f_moe_skewed=(c("distribution") != "balanced").cast(pl.Float64).fill_null(0.0)
+        if "distribution" in df.columns else pl.lit(0.0))
 
 
 def _all_features(df: pl.DataFrame) -> pl.DataFrame:
@@ -147,7 +216,27 @@ class KernelModel:
     def prepare(self, probes: pl.DataFrame) -> pl.DataFrame:
         if "family" not in probes.columns:
             probes = probes.with_columns(family=c("op").map_elements(family_of, return_dtype=pl.Utf8))
-        return roofline(probes)
+        return roofline(self._backward_from_forward(probes))
+
+    def _backward_from_forward(self, probes: pl.DataFrame) -> pl.DataFrame:
+        """GPU attention backward as the predicted forward times ATTN_BACKWARD_RATIO, where the GPU attention model
+        saw forward probes only (every GPU source so far: AIConfigurator, Azure). Such a model has never seen a
+        backward row, so its trees would read a fwd_bwd query as a forward of 3.5x the FLOPs at another
+        efficiency (3.2x the forward in a test, not 3.5x). `k_pass_ratio` carries the factor to predict_prepared.
+        Models fitted on GPU backward probes (our own, once collected) learn it; saved bundles without the record
+        of their passes keep their behaviour."""
+        passes = (getattr(self, "families_", None) or {}).get("attention", {}).get("passes")
+        if passes != ["fwd"] or "pass_" not in probes.columns:
+            return probes.with_columns(k_pass_ratio=pl.lit(1.0))
+        from perfpredict.models.hardware_frame import hardware_table
+
+        cpus = hardware_table().filter(c("hw_is_cpu"))["hardware"].to_list()
+        swap = ((c("family") == "attention") & c("pass_").is_in(list(ATTN_BACKWARD_RATIO))
+                & ~c("hardware").is_in(cpus))
+        return probes.with_columns(
+            k_pass_ratio=pl.when(swap).then(c("pass_").replace_strict(ATTN_BACKWARD_RATIO, default=1.0,
+                                                                      return_dtype=pl.Float64)).otherwise(1.0),
+            pass_=pl.when(swap).then(pl.lit("fwd")).otherwise(c("pass_")))
 
     @staticmethod
     def _keys(df: pl.DataFrame) -> np.ndarray:
@@ -161,10 +250,10 @@ class KernelModel:
     def fit(self, probes: pl.DataFrame) -> KernelModel:
         # The trl family's probes time whole TRL ops against these models (models.trl_scales); none learns from them.
         probes = probes.filter(~c("op").is_in(list(TRL_OPS)))
-        df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
         self.models_ = {}
         self.feature_names_ = {}
         self.families_ = {}
+        df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
         keys = self._keys(df)
         for key in sorted(set(keys)):
             sub = df.filter(pl.Series(keys == key))
@@ -174,7 +263,8 @@ class KernelModel:
             self.feature_names_[key] = kernel_features(sub.head(1), key).columns
             y = np.log10(sub["time_s"].to_numpy() / sub["roof_s"].to_numpy())
             self.models_[key] = GBRegressor(seed=self.seed, **(self.params or XGB_PARAMS)).fit(X, y)
-            self.families_[key] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list())}
+            self.families_[key] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list()),
+                                   "passes": sorted(sub["pass_"].drop_nulls().unique().to_list())}
         return self
 
     def predict_prepared(self, df: pl.DataFrame) -> np.ndarray:
@@ -190,9 +280,11 @@ class KernelModel:
             if model is None:
                 out[idx] = roof[idx] * 2.0
                 continue
-            X = kernel_features(df.filter(pl.Series(idx)), name).to_numpy()
+            X = kernel_features(df.filter(pl.Series(idx)), name, self.feature_names_.get(name)).to_numpy()
             ratio = 10.0 ** model.predict(X)
             out[idx] = roof[idx] * ratio
+        if "k_pass_ratio" in df.columns:
+            out *= df["k_pass_ratio"].to_numpy()
         return out
 
     def predict(self, probes: pl.DataFrame) -> np.ndarray:

@@ -40,6 +40,8 @@ class GenRanking:
     gpu_memory_utilization: float = 0.9
     kv_space_gib: float | None = None
     kv_cache_dtype: str = "auto"
+    engine: str = "vllm"
+    engine_version: str | None = None
 
     @property
     def fitting(self) -> pl.DataFrame:
@@ -49,7 +51,8 @@ class GenRanking:
 def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int] | None = None,
                       gpu_memory_utilization: float = 0.9, kv_space_gib: float | None = None,
                       max_model_len: int | None = None, prefix_caching: bool = True, kv_cache_dtype: str = "auto",
-                      rej: Counter | None = None) -> list[GenLayout]:
+                      rej: Counter | None = None, engine: str = "vllm",
+                      engine_version: str | None = None) -> list[GenLayout]:
     rej = rej if rej is not None else Counter()
     G = cluster.gpus
     out = []
@@ -63,25 +66,29 @@ def enumerate_layouts(m: ModelSpec, cluster: Cluster, *, max_num_seqs: list[int]
                 continue
             reps = G // (tp * pp)
             default = default_max_num_seqs(cluster.gpu, tp * pp)
+            # MoE on GPUs: experts split by TP (vLLM's default) or whole experts per rank (--enable-expert-parallel).
+            eps = (False, True) if m.is_moe and tp > 1 and not cluster.gpu.is_cpu else (False,)
             for mns in sorted(set(max_num_seqs or [*MNS_CANDIDATES, default])):
-                out.append(GenLayout(tp=tp, pp=pp, replicas=reps, max_num_seqs=mns,
-                                     gpu_memory_utilization=gpu_memory_utilization,
-                                     kv_space_gib=kv_space_gib if cluster.gpu.is_cpu else None,
-                                     max_model_len=max_model_len, prefix_caching=prefix_caching,
-                                     kv_cache_dtype=kv_cache_dtype))
+                for ep in eps:
+                    out.append(GenLayout(tp=tp, pp=pp, replicas=reps, max_num_seqs=mns,
+                                         gpu_memory_utilization=gpu_memory_utilization,
+                                         kv_space_gib=kv_space_gib if cluster.gpu.is_cpu else None,
+                                         max_model_len=max_model_len, prefix_caching=prefix_caching,
+                                         kv_cache_dtype=kv_cache_dtype, engine=engine, engine_version=engine_version,
+                                         expert_parallel=ep))
     return out
 
 
 def rank_generate(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, max_num_seqs: list[int] | None = None,
                   gpu_memory_utilization: float = 0.9, kv_space_gib: float | None = None,
                   max_model_len: int | None = None, prefix_caching: bool = True, kv_cache_dtype: str = "auto",
-                  gen_model=None) -> GenRanking:
+                  gen_model=None, engine: str = "vllm", engine_version: str | None = None) -> GenRanking:
     from perfpredict.predictor.generate.predict import predict_generation
 
     rej: Counter = Counter()
     lays = enumerate_layouts(model, cluster, max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
                              kv_space_gib=kv_space_gib, max_model_len=max_model_len, prefix_caching=prefix_caching,
-                             kv_cache_dtype=kv_cache_dtype, rej=rej)
+                             kv_cache_dtype=kv_cache_dtype, rej=rej, engine=engine, engine_version=engine_version)
     if not lays:
         raise PerfPredictError(f"no layout of {cluster.gpus} devices is legal for {model.name}: "
                                + "; ".join(rej))
@@ -96,7 +103,7 @@ def rank_generate(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload, 
     df = df.with_columns(rank=pl.int_range(1, df.height + 1))
     return GenRanking(model=model, cluster=cluster, workload=workload, table=df, rejections=rej,
                       gpu_memory_utilization=gpu_memory_utilization, kv_space_gib=kv_space_gib,
-                      kv_cache_dtype=kv_cache_dtype)
+                      kv_cache_dtype=kv_cache_dtype, engine=engine, engine_version=engine_version)
 
 
 # Numbers in a cause (activation GiB per max_num_seqs) do not make a rejection cause of their own.
@@ -107,10 +114,14 @@ def headline(r: GenRanking) -> str:
     """What `generate rank` prints above its table: the workload, and how many layouts fit or why not."""
     w, f = r.workload, r.fitting
     rejected = merge_counts(r.rejections.most_common(4))
+    basis = ""
+    if "engine" in r.table.columns and r.table.height:
+        row = (f if f.height else r.table).row(0, named=True)
+        basis = f"\n{row['engine']} {row['engine_version']}: {row['basis']}"
     return (f"{r.model.name} generating on {r.cluster.gpus} x {r.cluster.gpu.name}: {w.prompts:,} prompts x "
             f"{w.samples_per_prompt} samples, {w.input_len} in / {w.output_len} out ({w.output_tokens:,} output "
             f"tokens)\n{r.table.height} layouts considered, {f.height} fit"
-            + ("; rejected: " + "; ".join(rejected) if rejected else ""))
+            + ("; rejected: " + "; ".join(rejected) if rejected else "") + basis)
 
 
 def explain(r: GenRanking) -> str:
@@ -122,10 +133,17 @@ def explain(r: GenRanking) -> str:
     lines = [f"#1 {a['layout']}: {num(a['output_tokens_per_s'])} output tok/s "
              f"({num(a['output_tokens_per_s_per_gpu'])} per device), KV {a['kv_capacity_tokens']:,} tokens per replica, "
              f"weights {a['weights_gib_per_rank']:.1f} GiB per device, decode batch ~{a['decode_batch']:.0f}"]
-    # The same max_num_seqs at other TP degrees: what TP buys or costs.
+    bd = a.get("breakdown")
+    if bd:
+        lines.append(f"  its decode step: {_step_text(a)}; {a['decode_batch']:.0f} requests run at once, capped by "
+                     f"{a['limited_by']}")
+    # The same max_num_seqs at other TP / PP degrees: what they buy or cost.
     same = f.filter((pl.col("max_num_seqs") == a["max_num_seqs"]) & (pl.col("layout") != a["layout"]))
     for b in same.head(3).iter_rows(named=True):
-        if b["decode_batch"] > a["decode_batch"] * 1.05:
+        gain = 100 * (a['output_tokens_per_s'] / b['output_tokens_per_s'] - 1)
+        if b.get("breakdown") and bd:
+            why = _why_silicon(a, b)
+        elif b["decode_batch"] > a["decode_batch"] * 1.05:
             why = "its KV cache holds more concurrent requests, yet its devices do less each"
         elif b["decode_batch"] < a["decode_batch"] * 0.95:
             why = (f"a replica's KV space starves its decode batch ({b['decode_batch']:.0f} vs "
@@ -136,7 +154,6 @@ def explain(r: GenRanking) -> str:
             why = "fewer sequences per pipeline micro-batch or more stage sends per token"
         else:
             why = "smaller GEMMs per device at the same batch"
-        gain = 100 * (a['output_tokens_per_s'] / b['output_tokens_per_s'] - 1)
         lines.append(f"vs {b['layout']}: {num(b['output_tokens_per_s'])} tok/s "
                      f"({comparison(tie, b['layout'], gain)}); "
                      f"KV {b['kv_capacity_tokens']:,} per replica, batch ~{b['decode_batch']:.0f}: {why}")
@@ -144,6 +161,36 @@ def explain(r: GenRanking) -> str:
     if r.rejections:
         lines.append("not run: " + "; ".join(merge_counts(r.rejections.most_common(4))))
     return "\n".join(lines)
+
+
+def _step_text(r: dict[str, Any]) -> str:
+    b = r["breakdown"]
+    parts = [("GEMMs", b["gemm"]), ("attention", b["attention"]), ("MoE", b["moe"]),
+             (f"all-reduce (2 per layer, TP{r['tp']})", b["all_reduce"]), ("LM head", b["lm_head"]),
+             (f"PP sends + host round trip ({r['pp']} stages)", b["pp_send"]), ("prefill chunks mixed in", b["prefill_mixed_in"])]
+    body = ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in parts if v > 5e-5)
+    return f"{1e3 * r['tpot_s']:.1f} ms per output token ({body})"
+
+
+def _why_silicon(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """What the composed steps say separates b from #1: the pipeline's serial stages, a KV-limited batch, or the
+    per-layer all-reduces."""
+    ba, bb = a["breakdown"], b["breakdown"]
+    per_gpu = f"{num(b['output_tokens_per_s_per_gpu'])} vs {num(a['output_tokens_per_s_per_gpu'])} tok/s per device"
+    if b["pp"] > a["pp"]:
+        return (f"PP{b['pp']} bubble: a token crosses {b['pp']} stages one after another (micro-batches of "
+                f"~{b['decode_batch'] / b['pp']:.0f}, the slowest stage with the LM head sets the pace), "
+                f"{1e3 * b['tpot_s']:.1f} ms per token at batch {b['decode_batch']:.0f}: {per_gpu}")
+    if b["decode_batch"] < a["decode_batch"] * 0.95 and b["limited_by"] == "KV cache":
+        return (f"KV-limited batch: its KV cache holds ~{b['decode_batch']:.0f} running requests per replica "
+                f"(#1 runs {a['decode_batch']:.0f}): {per_gpu}")
+    if b["tp"] > a["tp"]:
+        return (f"two all-reduces per layer over TP{b['tp']}: {1e3 * bb['all_reduce']:.1f} ms of its "
+                f"{1e3 * b['tpot_s']:.1f} ms step (#1: {1e3 * ba['all_reduce']:.1f} ms): {per_gpu}")
+    if b["pp"] < a["pp"]:
+        return (f"without #1's {a['pp']} stages a replica holds less KV per GPU or pays TP's all-reduces: "
+                f"{1e3 * b['tpot_s']:.1f} ms per token at batch {b['decode_batch']:.0f}")
+    return f"{1e3 * b['tpot_s']:.1f} ms per token at batch {b['decode_batch']:.0f}: {per_gpu}"
 
 
 def top_tie(r: GenRanking) -> Tie:
@@ -181,7 +228,11 @@ def emit_vllm(r: GenRanking, *, model_id: str | None = None, out_dir: Path | str
         args["gpu_memory_utilization"] = r.gpu_memory_utilization
     if r.kv_cache_dtype != "auto":
         args["kv_cache_dtype"] = r.kv_cache_dtype
+    if row.get("expert_parallel"):
+        args["enable_expert_parallel"] = True
     cli = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in args.items() if not isinstance(v, bool))
+    if row.get("expert_parallel"):
+        cli += " --enable-expert-parallel"
     lines = ["#!/usr/bin/env bash", f"# perfpredict: {row['layout']} for {r.model.name} on {r.cluster.gpus} x "
              f"{r.cluster.gpu.name}; predicted {num(row['output_tokens_per_s'])} output tok/s in all", "set -euo pipefail",
              'MODEL="${MODEL:-' + model_id + '}"']

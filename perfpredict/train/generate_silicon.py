@@ -1,0 +1,324 @@
+"""End-to-end check of the silicon composition (models.generate.engine) on measured serving runs:
+datasets/public/aiconfigurator_e2e/runs.csv (NVIDIA AIConfigurator's silicon_sample, aggregated runs: TTFT and TPOT
+of vLLM, SGLang and TensorRT-LLM at a stated concurrency, TP and EP; SOURCE.md there).
+
+Each run is predicted from the kernels measured on its GPU: concurrency c held in a closed loop (the benchmark's
+fixed concurrency), isl / osl, chunked prefill at 8,192 batched tokens (vLLM serve, SGLang chunked_prefill_size and
+TensorRT-LLM max_num_tokens defaults on these GPUs). Per-GPU decode throughput = c / TPOT / (tp x pp), as the
+source's notes say (steady state).
+
+Splits hold out one model, one GPU type or one backend at a time. The composition has no fitted part; the learned
+correction is one scale and one per-step overhead per backend (log-space least squares on the training rows of
+the split), kept only where it lowers the held-out error of its validation folds (else the composition stands).
+
+Layout choice: groups = (backend, model, GPU, weight format, isl, osl) with >= 2 TP degrees measured; a layout's
+value is its best per-GPU throughput over the concurrencies measured for it; the prediction picks the TP with the
+best predicted value at the same concurrencies, the rule of thumb the smallest TP whose weights and one request's
+KV fit, the roofline the best roofline value."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from perfpredict.core.catalog import get_gpu, get_model
+from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.model import ModelSpec
+from perfpredict.features.generate import kv_capacity
+from perfpredict.models.generate.engine import Parallel, roofline_tpot, steady_state
+from perfpredict.models.generate.silicon import SiliconKernels, covered_gpus
+
+E2E = Path("public") / "aiconfigurator_e2e"
+SYSTEM_GPU = {"h100_sxm": "h100-sxm-80gb", "h200_sxm": "h200-sxm-141gb", "b200_sxm": "b200", "b300_sxm": "b300",
+              "gb200": "gb200", "gb300": "gb300", "a100_sxm": "a100-sxm-80gb", "l40s": "l40s",
+              "rtx_pro_6000_server": "rtx-pro-6000"}
+QUANT = {None: "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block"}
+BATCHED_TOKENS = 8192
+
+
+def model_specs(data: Path) -> dict[str, ModelSpec]:
+    raw = json.loads((data / E2E / "models.json").read_text())
+    out = {}
+    for hf, v in raw.items():
+        if isinstance(v, str):
+            out[hf] = get_model(v)
+        else:
+            out[hf] = ModelSpec.from_dict({k: x for k, x in v.items() if k != "source"})
+    return out
+
+
+def load_runs(data: Path | str) -> tuple[pl.DataFrame, dict[str, int]]:
+    """The runs the composition can describe, and the count of the rest by reason."""
+    data = Path(data)
+    f = data / E2E / "runs.csv"
+    if not f.is_file():
+        raise PerfPredictError(f"{f} not found: the silicon runs ship in datasets/public/aiconfigurator_e2e/")
+    df = pl.read_csv(f)
+    specs = model_specs(data)
+    gpus = covered_gpus()
+    skipped: dict[str, int] = {}
+
+    def skip(mask: pl.Expr, why: str) -> None:
+        nonlocal df
+        n = df.filter(mask).height
+        if n:
+            skipped[why] = skipped.get(why, 0) + n
+        df = df.filter(~mask)
+
+    skip(~pl.col("model_path").is_in(list(specs)), "model not described (MLA attention: DeepSeek, Kimi, GLM-5; "
+                                                     "gpt-oss sliding window + MXFP4; NVFP4 checkpoints)")
+    skip(~pl.col("system").replace_strict(SYSTEM_GPU, default="").is_in(list(gpus)),
+         "GPU without measured kernels")
+    skip(pl.col("source_kind") == "dynamo", "Dynamo deployment: concurrency over an unstated number of workers")
+    skip(~pl.col("gemm_quant_mode").fill_null("bf16").is_in(["bf16", "fp8", "fp8_block"]),
+         "weight format without measured GEMMs (NVFP4, INT4)")
+    skip(pl.col("attention_dp_size").fill_null(1) > 1, "attention data parallel")
+    skip(pl.col("pp_size").fill_null(1) > 1, "pipeline parallel")
+    df = df.with_columns(gpu=pl.col("system").replace_strict(SYSTEM_GPU, default=""),
+                         gpus=pl.col("tp_size") * pl.col("pp_size").fill_null(1),
+                         is_moe=pl.col("model_path").replace_strict({k: v.is_moe for k, v in specs.items()},
+                                                                     default=False))
+    return df, skipped
+
+
+@dataclass(frozen=True)
+class RunPrediction:
+    tpot_s: float
+    ttft_s: float
+    roofline_tpot_s: float
+    steps: float  # engine steps per output token (for the overhead term): 1
+
+
+def parallel_of(r: dict[str, Any], m: ModelSpec) -> Parallel:
+    q = QUANT.get(r["gemm_quant_mode"], "bfloat16")
+    mq = QUANT.get(r.get("moe_quant_mode"), q)
+    ep = int(r.get("moe_ep_size") or 1) or 1
+    mtp = int(r.get("moe_tp_size") or 0)
+    return Parallel(tp=int(r["tp_size"]), pp=int(r.get("pp_size") or 1), moe_tp=mtp if mtp > 0 else 0,
+                    moe_ep=ep, gemm_dtype=q, moe_dtype=mq)
+
+
+def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
+    """Composition-only TPOT / TTFT (seconds, zero step overhead: the correction adds it) and the roofline TPOT."""
+    specs = model_specs(data)
+    out = []
+    for r in df.iter_rows(named=True):
+        m = specs[r["model_path"]]
+        gpu = get_gpu(r["gpu"])
+        k = SiliconKernels.for_gpu(r["gpu"])
+        par = parallel_of(r, m)
+        cap = replica_kv(m, r)
+        s = steady_state(k, m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"],
+                         max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"], overhead_s=0.0,
+                         kv_pool_tokens=cap.pool_tokens if cap.fits else None)
+        roof = roofline_tpot(m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"])
+        out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": s.tpot_s,
+                    "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "pred_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s,
+                    "roof_tpot_s": roof,
+                    "prefill_steps": s.prefill_steps})
+    return pl.concat([df, pl.DataFrame(out)], how="horizontal")
+
+
+def replica_kv(m: ModelSpec, r: dict[str, Any]):
+    """The replica's KV pool as vLLM serve 0.19 sizes it (utilisation 0.9; SGLang's and TensorRT-LLM's defaults,
+    0.88 static and 0.9 free memory, are close). Assumed: FP8 checkpoints run an FP8 KV cache (AIConfigurator's
+    FP8 configurations quantise the KV cache too; the runs do not state it)."""
+    q = r["gemm_quant_mode"] or "bf16"
+    return kv_capacity(m, get_gpu(r["gpu"]), tp=int(r["tp_size"]), pp=int(r.get("pp_size") or 1),
+                       max_model_len=int(r["isl"] + r["osl"]), dtype="fp8" if q.startswith("fp8") else "bf16",
+                       kv_cache_dtype="fp8" if q.startswith("fp8") else "auto",
+                       fp8_scales="block" if q == "fp8_block" else "channel", vllm_version="0.19.0",
+                       entrypoint="serve")
+
+
+# --- the learned correction ----------------------------------------------------------------------------------------
+# Per (backend, dense or MoE): TPOT = a x composed TPOT (a: the median measured / composed ratio);
+# TTFT = u x steady-state TTFT + w x all-at-once TTFT + c (w: the share of a benchmark's requests that arrive in its
+# opening burst, c: the front end's fixed time, tokenising and HTTP; neither is stated by the source). Least squares
+# on relative error, all terms >= 0.
+Correction = dict[tuple[str, bool], tuple[float, ...]]
+N_TERMS = 5
+
+
+def _nnls_rel(cols: list[np.ndarray], y: np.ndarray) -> list[float]:
+    from scipy.optimize import nnls
+
+    A = np.stack([c / y for c in cols], axis=1)
+    x, _ = nnls(A, np.ones_like(y))
+    return [float(v) for v in x]
+
+
+def fit_correction(df: pl.DataFrame) -> Correction:
+    """TPOT per (backend, dense/MoE); TTFT per backend (its front end and arrival pattern are the backend's, not
+    the model's), and both over all backends under "*" for a backend the rows lack."""
+    def ttft_terms(d: pl.DataFrame) -> list[float]:
+        yt = d["silicon_ttft_ms"].to_numpy() / 1e3
+        return _nnls_rel([d["pred_ttft_s"].to_numpy(), d["burst_ttft_s"].to_numpy(), np.ones(d.height)], yt)
+
+    def tpot_scale(d: pl.DataFrame) -> float:
+        return float(np.exp(np.median(np.log(d["silicon_tpot_ms"].to_numpy() / 1e3 / d["pred_tpot_s"].to_numpy()))))
+
+    out: Correction = {}
+    ttft = {be: ttft_terms(d) for (be,), d in df.group_by("backend")}
+    pooled = ttft_terms(df)
+    for moe in (False, True):
+        d = df.filter(pl.col("is_moe") == moe)
+        if d.height:
+            # An intercept fitted beside the TPOT scale traded the slope for a constant and lost held out.
+            out[("*", moe)] = (tpot_scale(d), 0.0, *pooled)
+    for (be, moe), d in df.group_by("backend", "is_moe"):
+        out[(be, bool(moe))] = (tpot_scale(d), 0.0, *ttft[be])
+    return out
+
+
+def _lookup(corr: Correction, be: str, moe: bool) -> tuple[float, ...]:
+    """The group's terms; a backend or kind the training rows lack takes the pooled fit."""
+    if (be, moe) in corr:
+        return corr[(be, moe)]
+    if ("*", moe) in corr:
+        return corr[("*", moe)]
+    return next(iter(corr.values()))
+
+
+def apply_correction(df: pl.DataFrame, corr: Correction | None) -> pl.DataFrame:
+    if not corr:
+        return df.with_columns(tpot_s=pl.col("pred_tpot_s"), ttft_s=pl.col("pred_ttft_s"))
+    terms = np.array([_lookup(corr, be, bool(m)) for be, m in zip(df["backend"], df["is_moe"], strict=True)])
+    terms = terms.reshape(-1, N_TERMS)
+    return df.with_columns(tpot_s=pl.col("pred_tpot_s") * terms[:, 0] + terms[:, 1],
+                           ttft_s=pl.col("pred_ttft_s") * terms[:, 2] + pl.col("burst_ttft_s") * terms[:, 3]
+                           + terms[:, 4])
+
+
+def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred / meas - 1))) if len(meas) else float("nan")
+
+
+def errors(df: pl.DataFrame) -> dict[str, Any]:
+    """MAPE of TPOT, TTFT and per-GPU decode throughput (c / TPOT / GPUs), dense and MoE apart."""
+    res: dict[str, Any] = {"rows": df.height}
+    for name, sub in (("all", df), ("dense", df.filter(~pl.col("is_moe"))), ("moe", df.filter(pl.col("is_moe")))):
+        if sub.height == 0:
+            continue
+        tp_meas = sub["silicon_tpot_ms"].to_numpy() / 1e3
+        tp_pred = sub["tpot_s"].to_numpy()
+        res[name] = {"rows": sub.height, "tpot_mape": _mape(tp_pred, tp_meas),
+                     "ttft_mape": _mape(sub["ttft_s"].to_numpy(), sub["silicon_ttft_ms"].to_numpy() / 1e3),
+                     "throughput_mape": _mape(1 / tp_pred, 1 / tp_meas),
+                     "roofline_throughput_mape": _mape(1 / sub["roof_tpot_s"].to_numpy(), 1 / tp_meas)}
+    return res
+
+
+# --- layout choice --------------------------------------------------------------------------------------------------
+GROUP = ("backend", "model_path", "gpu", "gemm_quant_mode", "isl", "osl")
+
+
+def rule_of_thumb_tp(m: ModelSpec, gpu_name: str, tps: list[int], *, isl: int, osl: int, quant: str) -> int:
+    """The smallest TP whose weights and one request of isl + osl fit vLLM's KV sizing (utilisation 0.9)."""
+    gpu = get_gpu(gpu_name)
+    for t in sorted(tps):
+        if m.heads % t:
+            continue
+        cap = kv_capacity(m, gpu, tp=t, max_model_len=isl + osl, dtype="fp8" if quant.startswith("fp8") else "bf16",
+                          vllm_version="0.19.0", entrypoint="serve",
+                          fp8_scales="block" if quant == "fp8_block" else "channel")
+        if cap.fits:
+            return t
+    return max(tps)
+
+
+def layout_choice(df: pl.DataFrame, data: Path) -> dict[str, Any]:
+    specs = model_specs(data)
+    d = df.with_columns(meas_tps=pl.col("batch_size") * 1e3 / pl.col("silicon_tpot_ms") / pl.col("gpus"),
+                        pred_tps=pl.col("batch_size") / pl.col("tpot_s") / pl.col("gpus"),
+                        roof_tps=pl.col("batch_size") / pl.col("roof_tpot_s") / pl.col("gpus"))
+    per = d.group_by(*GROUP, "tp_size").agg(pl.col("meas_tps").max(), pl.col("pred_tps").max(),
+                                           pl.col("roof_tps").max())
+    cases = []
+    for key, g in per.group_by(*GROUP):
+        if g.height < 2:
+            continue
+        r0 = dict(zip(GROUP, key, strict=True))
+        best = g["meas_tps"].max()
+        by_tp = {int(t): v for t, v in zip(g["tp_size"], g["meas_tps"], strict=True)}
+        pick = int(g.sort("pred_tps", descending=True)["tp_size"][0])
+        roof = int(g.sort("roof_tps", descending=True)["tp_size"][0])
+        rule = rule_of_thumb_tp(specs[r0["model_path"]], r0["gpu"], list(by_tp), isl=r0["isl"], osl=r0["osl"],
+                                quant=r0["gemm_quant_mode"] or "bf16")
+        cases.append({**r0, "tps": sorted(by_tp), "best_tp": max(by_tp, key=by_tp.get), "pred_tp": pick,
+                      "rule_tp": rule, "roof_tp": roof,
+                      "pred_regret": 1 - by_tp[pick] / best, "rule_regret": 1 - by_tp[rule] / best,
+                      "roof_regret": 1 - by_tp[roof] / best})
+    if not cases:
+        return {"groups": 0}
+    c = pl.DataFrame(cases)
+    out = {"groups": c.height}
+    for who in ("pred", "rule", "roof"):
+        out[f"{who}_within_5pct"] = float((c[f"{who}_regret"] <= 0.05).mean())
+        out[f"{who}_mean_regret"] = float(c[f"{who}_regret"].mean())
+    out["cases"] = c.to_dicts()
+    return out
+
+
+# --- held-out splits ------------------------------------------------------------------------------------------------
+SPLITS = {"model": "model_path", "gpu": "gpu", "backend": "backend"}
+
+
+def evaluate_silicon(data: Path | str = "datasets") -> dict[str, Any]:
+    """Held-out errors by model, GPU and backend, composition alone and with the correction; layout choice."""
+    data = Path(data)
+    df, skipped = load_runs(data)
+    df = predict_runs(df, data)
+    # Faster than reading the layout's weights (and KV) once per token at full HBM bandwidth cannot be: the run's
+    # stated TP does not describe the GPUs it used (e.g. Qwen3-235B FP8 at TP1 on one 141 GB H200).
+    bad = (pl.col("silicon_tpot_ms") / 1e3 < 0.9 * pl.col("roof_tpot_s")) | ~pl.col("fits")
+    n_bad = df.filter(bad).height
+    if n_bad:
+        skipped["stated layout cannot hold the weights or is faster than reading them (layout misreported)"] = n_bad
+    df = df.filter(~bad)
+    comp = apply_correction(df, None)
+    res: dict[str, Any] = {"rows": df.height, "skipped": skipped, "composition": errors(comp),
+                           "layout_composition": _strip(layout_choice(comp, data)), "splits": []}
+    # The composition fits nothing on these rows, so its held-out error is its error on each group; the
+    # correction is refitted without the group it is scored on.
+    better: dict[str, list[bool]] = {"tpot": [], "ttft": []}
+    for split, col in SPLITS.items():
+        parts = []
+        for g in df[col].unique().sort().to_list():
+            test = df.filter(pl.col(col) == g)
+            train = df.filter(pl.col(col) != g)
+            corr = fit_correction(train) if train.height else None
+            parts.append(apply_correction(test, corr))
+            res["splits"].append({"split": split, "held_out": str(g), "composition": errors(comp.filter(
+                pl.col(col) == g)), "corrected": errors(parts[-1])})
+        pred = pl.concat(parts)
+        e_c, e_k = errors(comp), errors(pred)
+        better["tpot"].append(all(e_k[kind]["throughput_mape"] < e_c[kind]["throughput_mape"]
+                                  for kind in ("dense", "moe") if kind in e_c))
+        better["ttft"].append(all(e_k[kind]["ttft_mape"] < e_c[kind]["ttft_mape"] for kind in ("dense", "moe")
+                                  if kind in e_c))
+        res[f"held_out_{split}"] = {"errors": e_k, "layout": _strip(layout_choice(pred, data))}
+    res["correction_all_rows"] = {f"{k[0]}/{'moe' if k[1] else 'dense'}": v for k, v in fit_correction(df).items()}
+    # Used only where it lowers the held-out error on every split, dense and MoE alike: per quantity.
+    res["correction_used"] = {k: all(v) for k, v in better.items()}
+    return res
+
+
+def _strip(x: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in x.items() if k != "cases"}
+
+
+def main() -> None:  # pragma: no cover - a developer's entry point
+    import sys
+
+    r = evaluate_silicon(sys.argv[1] if len(sys.argv) > 1 else "datasets")
+    print(json.dumps(r, indent=1, default=str))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
