@@ -86,3 +86,11 @@ def test_write_accuracy_page(tmp_path: Path) -> None:
     with pytest.raises(PerfPredictError, match="not JSON"):
         write_accuracy_page(evaluation_path=tmp_path / "junk.json", generate_evaluation_path=None,
                             out_path=tmp_path / "c.md")
+
+
+def test_interval_ratios_and_oom_outcomes_are_shown_when_the_evaluation_has_them() -> None:
+    evaluation, _ = _inputs()
+    rows = [dict(r, time_interval_ratio=1.5, missed_oom=0.04, at_risk=0.1)
+            for r in evaluation if r["variant"] == "scale-free+domain"]
+    page = accuracy_markdown(evaluation=rows)
+    assert "| high/low |" in page and "1.50x" in page and "| missed OOM |" in page and "Missed OOM" in page

@@ -36,14 +36,18 @@ from perfpredict.cli._util import (
 from perfpredict.core.formatting import hours, num
 
 
+def _risk(p: float) -> str:
+    return "<1%" if p < 0.01 else f"{100 * p:.0f}%"
+
+
 def plan_table(df: pl.DataFrame, unit: str, title: str) -> Table:
     t = Table(title=title)
-    for h in ("#", "plan", f"{unit}/s", "finish", "peak GiB [90%]", "MFU", "dominated by"):
+    for h in ("#", "plan", f"{unit}/s", "finish", "peak GiB [90%]", "fit (P OOM)", "MFU", "dominated by"):
         t.add_column(h, justify="right" if h not in ("plan", "dominated by") else "left")
     for r in df.iter_rows(named=True):
         t.add_row(str(r["rank"]), r["plan"], num(r["samples_per_s"]), hours(r["time_to_finish_h"]),
                   f"{r['peak_memory_gib']:.1f} [{r['peak_memory_lo_gib']:.1f}-{r['peak_memory_hi_gib']:.1f}]",
-                  f"{100 * r['mfu']:.0f}%", r["dominant"])
+                  f"{r['fit_verdict']} ({_risk(r['oom_risk'])})", f"{100 * r['mfu']:.0f}%", r["dominant"])
     return t
 
 

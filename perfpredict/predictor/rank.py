@@ -151,7 +151,7 @@ def explain(ranking: Ranking) -> str:
     df = ranking.fitting
     unit = "pairs" if ranking.workload.is_preference else "samples"
     if df.height < 2:
-        return "only one plan fits: nothing to compare"
+        return "\n".join(["only one plan fits: nothing to compare", *map(fit_line, df.head(1).iter_rows(named=True))])
     a, b = df.row(0, named=True), df.row(1, named=True)
     diffs = sorted(((b[k] - a[k], name) for name, k in EXPLAIN_PARTS), reverse=True)
     lines = [f"#1 {a['plan']}: {num(a['samples_per_s'])} {unit}/s, step {a['step_time_s']:.3g} s, "
