@@ -14,8 +14,9 @@ fit bound hi x (1 + a) (and 5th lo x (1 + b)), so fits <=> P(OOM) <= 5 %.
 
 Calibration (fit): over out-of-fold predictions with a known outcome, a is the smallest value in [-0.3, A_MAX]
 whose missed-OOM rate (failed, called "fits") is at most MAX_MISSED_OOM, or, where no a reaches that, within
-MISSED_SLACK of the rate A_MAX reaches; b the largest whose false-OOM rate (ran, called "does not fit") stays at
-most MAX_FALSE_OOM. Published failures include crashes that were not out of memory (the playbook's "crashed or out
+MISSED_SLACK of the rate A_MAX reaches; b the largest in [-0.3, 0] whose false-OOM rate (ran, called "does not
+fit") stays at most MAX_FALSE_OOM: "does not fit" needs at least the interval's lower end above usable memory. A b
+above 0 met the cap on the playbook's 1B failures and called 16 % of its held-out 8B runs that ran "does not fit". Published failures include crashes that were not out of memory (the playbook's "crashed or out
 of memory, cause not given": 15 % of its failures are predicted below 30 % of the GPU): no margin reaches those.
 Past A_MAX (30 % over the interval's upper end) each point of missed OOM caught hid ~4 points of runs that ran
 (playbook, out of fold: a 0.3 -> 1.0 took missed OOM from 16.6 % to 14.6 % and runs called "fits" from 82 % to
@@ -42,6 +43,7 @@ MISSED_SLACK = 0.01
 A_MAX = 0.3
 GRID = np.round(np.arange(-0.3, 1.0001, 0.01), 4)
 A_GRID = GRID[GRID <= A_MAX + 1e-9]
+B_GRID = GRID[GRID <= 1e-9]
 Z95 = 1.6448536269514722  # one-sided 95 % normal quantile: the fit bound is the 95th percentile
 
 
@@ -85,9 +87,9 @@ class OomMargins:
             missed = np.array([_rates(*args, a, -1.0)[0] for a in A_GRID])
             target = max(missed[-1] + MISSED_SLACK, MAX_MISSED_OOM)
             a = float(A_GRID[np.argmax(missed <= target)])
-            falses = np.array([_rates(*args, a, b)[1] for b in GRID])
+            falses = np.array([_rates(*args, a, b)[1] for b in B_GRID])
             allowed = np.flatnonzero(falses <= MAX_FALSE_OOM)
-            b = float(GRID[allowed[-1]]) if allowed.size else float(GRID[0])
+            b = float(B_GRID[allowed[-1]]) if allowed.size else float(B_GRID[0])
             m, f = _rates(*args, a, b)
             self.cells_[cell] = {"a": a, "b": b, "ran": n_ran, "oom": n_oom, "missed_oom": m, "false_oom": f}
         return self
