@@ -29,4 +29,14 @@ def training_summary(path: Path | str) -> str:
                         for k, v in sorted(cells.items())) or "none (every cell judged by its memory interval)"
     return (f"trained on {meta['rows']} -> [bold]{path}[/]\n"
             f"launch floor per kernel {meta['launch_floor_s']}\n"
-            f"OOM margins per (framework family | GPU memory class) on held-out outcomes: {margins}")
+            f"OOM margins per (framework family | GPU memory class) on held-out outcomes: {margins}"
+            + _trl_scales_line(meta))
+
+
+def _trl_scales_line(meta: dict) -> str:
+    """Where TRL's per-family efficiencies on CPU come from: the hosts' own TRL-op probes, or the fitted constants
+    (and why)."""
+    hosts, why = meta.get("trl_probe_hosts"), meta.get("trl_probe_fallback")
+    if hosts:
+        return f"\nTRL scales from TRL-op probes on {', '.join(hosts)}; other CPU hosts: the fitted constants"
+    return f"\nTRL scales: the fitted constants ({why})" if why else ""
