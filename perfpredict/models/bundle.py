@@ -21,9 +21,9 @@ import numpy as np
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.features.reserve import with_reserve
 from perfpredict.models.compose import TRL_CALIBRATION, compose
 from perfpredict.models.gb import GBRegressor, xgb
-from perfpredict.features.reserve import with_reserve
 from perfpredict.models.kernels import KernelModel, kernel_features
 from perfpredict.models.oom import FITS, OomMargins, margin_cells, verdict
 from perfpredict.models.plan_model import (
