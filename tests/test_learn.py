@@ -14,7 +14,7 @@ from perfpredict.core.workload import Workload
 from perfpredict.features.descriptors import describe
 from perfpredict.features.frame import plans_frame
 from perfpredict.models.compose import kernel_queries
-from perfpredict.models.plan_model import Correction, Intervals, calibrate_margin, conformal_quantiles
+from perfpredict.models.plan_model import Correction, Intervals, conformal_quantiles
 
 c = pl.col
 
@@ -51,18 +51,6 @@ def test_conformal_bounds_cover_fresh_draws():
     assert conformal_quantiles(np.array([0.1, 0.2]), 0.9) == (-0.3, 0.3)  # too few residuals: a wide default
 
 
-def test_margin_keeps_false_oom_under_the_cap():
-    """Runs that fit sit at 0.8-1.05x capacity (predicted), failures at 1.0-1.3x: the accuracy-best margin calls
-    some runnable plans OOM; the cap of 2 % false OOM keeps them."""
-    rng = np.random.default_rng(1)
-    fits = np.r_[np.ones(500, bool), np.zeros(200, bool)]
-    pred = np.r_[rng.uniform(0.8, 1.05, 500), rng.uniform(1.0, 1.3, 200)]
-    cap = np.ones_like(pred)
-    m = calibrate_margin(pred, cap, fits)
-    assert np.mean(pred[fits] * (1 + m) > cap[fits]) <= 0.02
-    assert np.mean(pred[~fits] * (1 + m) > cap[~fits]) > 0.5  # still catches most real OOMs
-
-
 def _frame(n: int, framework: str, hw: str, x: np.ndarray) -> pl.DataFrame:
     return pl.DataFrame({"p_framework": [framework] * n, "g_name": [hw] * n, "c_nodes": [1] * n, "x": x,
                          "k_step_s": np.ones(n)})
@@ -85,35 +73,53 @@ def test_applicability_is_per_domain(monkeypatch):
     assert corr.weight(unseen)[0] == 0.0 and corr.predict(unseen)[0] == 1.0  # the composition itself
 
 
-def test_never_probed_hardware_gets_its_own_wider_interval():
+def test_never_probed_hardware_gets_its_own_wider_interval_per_device_class():
     rng = np.random.default_rng(3)
-    iv = Intervals().fit(["a"] * 200, rng.normal(0, 0.05, 200), rng.normal(0, 0.1, 200))
-    iv.fit_unseen_hardware(rng.normal(0.2, 0.3, 200))
-    lo, hi = iv.bounds(["a", "a"], np.array([1.0, 1.0]), np.array([False, True]))
-    assert hi[1] - lo[1] > 3 * (hi[0] - lo[0])
+    keys = ["3d:h100-sxm-80gb:single-node"] * 200
+    iv = Intervals().fit(keys, rng.normal(0, 0.05, 200), rng.normal(0, 0.1, 200))
+    iv.fit_unseen_hardware(np.r_[rng.normal(0.2, 0.3, 200), rng.normal(0, 0.02, 200)],
+                           hardware=["a100-sxm-80gb"] * 200 + ["cpu"] * 200)
+    lo, hi = iv.bounds(keys[:2], np.array([1.0, 1.0]), np.array([False, True]))
+    assert hi[1] - lo[1] > 3 * (hi[0] - lo[0])  # a GPU row: the held-out GPUs' spread, not the CPU's
     assert Intervals.from_dict(iv.to_dict()).unseen_ == iv.unseen_
+    old = {**iv.to_dict(), "unseen_hardware": [-0.5, 0.5]}  # a bundle from before: one pooled pair
+    assert Intervals.from_dict(old).bounds(keys[:1], np.ones(1), np.ones(1, bool))[1][0] == pytest.approx(0.5)
 
 
-def test_intervals_use_applicable_residuals_inside_and_at_least_the_keys_own_composition_spread_outside():
+def test_intervals_use_applicable_residuals_inside_and_the_nearest_measured_composition_outside():
     """Inside bounds come from residuals where the correction applied in its fold; a key without enough of them,
-    and every key at weight 0, gets the wider of the composition's spread in that key and over every row; a
-    refined key never seen falls back to its domain."""
+    and every key at weight 0, gets the composition's spread in that key; a key never measured gets the spread of
+    its nearest measured keys (same regime, device class, family, hardware, node regime), never one pooled over
+    every source."""
     rng = np.random.default_rng(5)
-    keys = ["a"] * 300 + ["b"] * 300 + ["b|pp-cross-node"] * 300
-    oof = np.concatenate([rng.normal(0, 0.02, 300), rng.normal(0, 0.5, 300), rng.normal(0, 0.5, 300)])
-    comp = np.concatenate([rng.normal(0, 0.1, 300), rng.normal(0, 0.3, 300), rng.normal(0.6, 0.4, 300)])
-    w = np.concatenate([np.ones(300), np.zeros(600)])  # the correction only ever applied in "a"
+    a, b = "3d:a100-sxm-80gb:single-node", "3d:h100-sxm-80gb:multi-node"
+    ppx = b + "|pp-cross-node"
+    cpu = "zero:cpu:single-node"
+    keys = [a] * 300 + [b] * 300 + [ppx] * 300 + [cpu] * 300
+    oof = np.concatenate([rng.normal(0, 0.02, 300), rng.normal(0, 0.5, 300), rng.normal(0, 0.5, 300),
+                          rng.normal(0, 0.02, 300)])
+    comp = np.concatenate([rng.normal(0, 0.1, 300), rng.normal(0, 0.3, 300), rng.normal(0.6, 0.4, 300),
+                           rng.normal(0, 2.0, 300)])
+    w = np.concatenate([np.ones(300), np.zeros(600), np.ones(300)])  # the correction applied in a and cpu
     iv = Intervals().fit(keys, oof, comp, oof_weight=w)
-    lo, hi = iv.bounds(["a", "a", "b", "b|pp-cross-node", "c|pp-cross-node", "b|other"], np.array([1.0, 0, 1, 1, 1, 1]))
+    rows = [a, a, b, ppx, "zero:h100-sxm-80gb:single-node", "3d:a100-sxm-80gb:multi-node|pp-cross-node",
+            "trl:rtx-4090:single-node", b + "|other"]
+    lo, hi = iv.bounds(rows, np.array([1.0, 0, 1, 1, 0, 0, 0, 1]))
     width = hi - lo
-    assert width[0] < 0.15 < width[1]  # applicable: the corrected spread; weight 0: the composition's in "a"
-    assert lo[2] == pytest.approx(min(iv.outside_keys_["b"][0], iv.outside_[0]))  # no applicable residual in "b"
+    assert width[0] < 0.15 < width[1]  # applicable: the corrected spread; weight 0: the composition's in a
+    assert (lo[2], hi[2]) == pytest.approx(iv.outside_keys_[b])  # no applicable residual in b: its own spread
     assert hi[3] > hi[2] + 0.1  # the cross-node pipeline key has its own (shifted, wider) spread
-    assert (lo[4], hi[4]) == pytest.approx(iv.outside_)  # a domain never measured: the pooled composition
-    dom = iv.outside_domain_["b"]
-    assert (lo[5], hi[5]) == pytest.approx((min(dom[0], iv.outside_[0]), max(dom[1], iv.outside_[1])))  # its domain
+    # Another family on a measured GPU: that GPU's measured keys of its regime (b, not the cross-node stalls).
+    assert (lo[4], hi[4]) == pytest.approx(iv.outside_keys_[b])
+    assert (lo[5], hi[5]) == pytest.approx(iv.outside_keys_[ppx])  # a cross-node pipeline: the nearest such key
+    # A GPU never measured, a family never measured: the GPU key of its regime and node count (a), never the CPU's.
+    assert (lo[6], hi[6]) == pytest.approx(iv.outside_keys_[a])
+    assert hi[6] < iv.outside_keys_[cpu][1]
+    # A regime never seen: its own domain's keys (the widest of them).
+    assert (lo[7], hi[7]) == pytest.approx((min(iv.outside_keys_[b][0], iv.outside_keys_[ppx][0]),
+                                            max(iv.outside_keys_[b][1], iv.outside_keys_[ppx][1])))
     back = Intervals.from_dict(iv.to_dict())
-    assert np.allclose(back.bounds(["b|pp-cross-node"], np.ones(1))[1], hi[3])
+    assert np.allclose(back.bounds([ppx], np.ones(1))[1], hi[3])
 
 
 def test_gpu_dispatch_hides_behind_device_time_only_where_fitted_so():

@@ -90,6 +90,14 @@ def test_write_accuracy_page(tmp_path: Path) -> None:
                             out_path=tmp_path / "c.md")
 
 
+def test_interval_ratios_and_oom_outcomes_are_shown_when_the_evaluation_has_them() -> None:
+    evaluation, _ = _inputs()
+    rows = [dict(r, time_interval_ratio=1.5, missed_oom=0.04, at_risk=0.1)
+            for r in evaluation if r["variant"] == "scale-free+domain"]
+    page = accuracy_markdown(evaluation=rows)
+    assert "| high/low |" in page and "1.50x" in page and "| missed OOM |" in page and "Missed OOM" in page
+
+
 def test_held_out_sources_section() -> None:
     """The published GPU fine-tuning sources' section: per source and per model, the composition beside the learned
     result, and one line per run; absent when no held-out evaluation is given."""

@@ -75,7 +75,8 @@ def _training(file: Path, json_out: str | None, predictor: Path | None) -> None:
             t.add_row(where, f"{p.step_time_s:.3g} [{p.step_time_interval_s[0]:.3g}-{p.step_time_interval_s[1]:.3g}]",
                       num(p.tokens_per_s), num(p.samples_per_s),
                       f"{p.peak_memory_gib:.1f} [{p.peak_memory_interval_gib[0]:.1f}-"
-                      f"{p.peak_memory_interval_gib[1]:.1f}]", "yes" if p.fits else "NO", f"{100 * p.mfu:.0f}%",
+                      f"{p.peak_memory_interval_gib[1]:.1f}]", f"{p.fit_verdict} (P OOM {100 * p.oom_risk:.0f}%)",
+                      f"{100 * p.mfu:.0f}%",
                       p.dominant)
         console.print(t)
     if bad:

@@ -30,11 +30,13 @@ TABLE_COLUMNS = (
     ("variant", "variant"), ("split", "split"), ("source", "source"), ("trl_mode", "TRL trainer x reference"),
     ("fold", "held-out host"), ("time_n", "n"), ("time_mape", "MAPE"), ("time_bias", "bias"), ("time_median_ape", "med"), ("time_p90_ape", "p90"),
     ("time_composed_mape", "composed"), ("time_composed_bias", "bias"), ("time_analytic_mape", "analytic"), ("time_coverage", "cover90"),
-    ("time_weight_mean", "applic."), ("mem_n", "mem n"), ("mem_mape", "mem MAPE"),
-    ("mem_analytic_mape", "analytic"), ("mem_coverage", "cover90"), ("false_oom", "false OOM"),
-    ("false_oom_analytic", "analytic"), ("rank_spearman", "Spearman"), ("rank_top1_regret", "regret"),
+    ("time_interval_ratio", "width"), ("time_weight_mean", "applic."), ("mem_n", "mem n"), ("mem_mape", "mem MAPE"),
+    ("mem_analytic_mape", "analytic"), ("mem_coverage", "cover90"), ("mem_interval_ratio", "width"),
+    ("false_oom", "false OOM"), ("false_oom_analytic", "analytic"), ("missed_oom", "missed OOM"),
+    ("at_risk", "at risk"), ("rank_spearman", "Spearman"), ("rank_top1_regret", "regret"),
 )
 PLAIN = {"time_n", "mem_n", "rank_spearman", "time_weight_mean"}
+RATIO = {"time_interval_ratio", "mem_interval_ratio"}  # median high/low of the 90 % interval
 
 
 def _progress(*, quiet: bool = False) -> Progress:
@@ -55,7 +57,7 @@ def metrics_table(df: pl.DataFrame, title: str) -> Table:
             if missing(v):
                 cells.append("-")
             elif isinstance(v, float):
-                cells.append(f"{v:.2f}" if col in PLAIN else pct(v))
+                cells.append(f"{v:.2f}" if col in PLAIN else f"{v:.2f}x" if col in RATIO else pct(v))
             else:
                 cells.append(f"{v:,}" if isinstance(v, int) else str(v))
         t.add_row(*cells)
@@ -131,8 +133,9 @@ def evaluate_cmd(
         res = evaluate(data=data, seed=seed, splits=splits, variants=variants, subset=subset or None,
                        sources=tuple(source or ()),
                        progress=lambda m: prog.update(task, description=f"held out {m}"))
-    say("time: step-time errors (learned | composition alone | analytic); applic.: mean weight of the "
-        "learned correction; mem: peak memory; false OOM: ran but predicted not to fit")
+    say("time: step-time errors (learned | composition alone | analytic); width: median high/low of the 90% "
+        "interval; applic.: mean weight of the learned correction; mem: peak memory; false OOM: ran but called "
+        "'does not fit'; missed OOM: failed but called 'fits'; at risk: outcomes called neither")
     say(metrics_table(res["metrics"], "held-out accuracy (split 'largest' is the untouched test partition)"))
     trl = res.get("metrics_trl")
     if trl is not None and trl.height:

@@ -178,6 +178,11 @@ STEP_TIME_PARTS = ("b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "
 ENGINE_PARTS = ("e_zero3_gather_s", "e_zero3_hooks_s", "e_grad_reduce_s", "e_recompute_s", "e_reference_fwd_s")
 MEMORY_PARTS = ("mem_states_gib", "mem_activations_gib", "mem_logits_gib", "mem_reference_gib", "mem_other_gib")
 
+# The OOM verdict of a plan (models.oom.verdict) and the memory outside the allocator it allows for
+# (features.reserve): fits / at risk / does not fit, P(OOM), the plan's margin, the largest peak that fits.
+FIT_COLUMNS = ("fit_verdict", "oom_risk", "oom_margin", "fit_limit_gib", "r_usable_gib", "r_hidden_gib",
+               "r_context_gib", "r_nccl_gib")
+
 # The ranking `rank` returns (predictor.rank.Ranking.table), in this column order.
 RANK_COLUMNS = (
     "rank", "plan", "p_framework", "p_tp", "p_pp", "p_dp", "p_cp", "p_sp", "p_zero", "p_micro_batch",
@@ -187,5 +192,5 @@ RANK_COLUMNS = (
     "step_time_s", "step_time_lo_s", "step_time_hi_s", "time_to_finish_h", "peak_memory_gib",
     "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", *STEP_TIME_PARTS, *ENGINE_PARTS,
     *MEMORY_PARTS,
-    "g_memory_gib",
+    "g_memory_gib", *FIT_COLUMNS,
 )

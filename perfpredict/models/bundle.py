@@ -1,6 +1,6 @@
 """A trained predictor: kernel models, the launch floor and TRL calibration fitted over their composition
 (models.calibration), plan-level time and memory corrections with their applicability domains, per-domain
-conformal intervals and the OOM margin.
+conformal intervals and the OOM margins per (framework family, GPU memory class) (models.oom).
 
 Saved as xgboost JSON files, the corrections' training matrices as .npy (no pickle), and metadata.json (feature
 lists, the fitted launch floor and TRL calibration, options, domains, bounds, schema version, data hash, library
@@ -21,15 +21,16 @@ import numpy as np
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.features.reserve import with_reserve
 from perfpredict.models.compose import TRL_CALIBRATION, compose
 from perfpredict.models.gb import GBRegressor, xgb
 from perfpredict.models.kernels import KernelModel, kernel_features
+from perfpredict.models.oom import FITS, OomMargins, margin_cells, verdict
 from perfpredict.models.plan_model import (
     Correction,
     Intervals,
     correction_from_meta,
     correction_meta,
-    fits_verdict,
 )
 
 MODEL_SCHEMA_VERSION = 3
@@ -100,7 +101,9 @@ class Bundle:
     memory: Correction
     time_intervals: Intervals
     memory_intervals: Intervals
-    oom_margin: float
+    # Calibrated per (framework family, GPU memory class) on held-out OOM outcomes; a cell without them (and a
+    # bundle saved before they existed) is judged by its memory interval alone.
+    oom_margins: OomMargins = field(default_factory=lambda: OomMargins.from_dict({}))
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def compose(self, desc: pl.DataFrame, *, canonical: bool = True) -> pl.DataFrame:
@@ -109,7 +112,8 @@ class Bundle:
                        canonical=canonical)
 
     def apply(self, df: pl.DataFrame) -> dict[str, np.ndarray]:
-        """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, fits."""
+        """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, the
+        memory outside the allocator (r_*_gib) and the OOM verdict (models.oom.verdict; pred_fits: "fits")."""
         wt = self.time.weight(df)
         t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df))
         tlo, thi = self.time_intervals.bounds(self.time.interval_keys(df), wt, self.unseen_hardware(df))
@@ -117,10 +121,15 @@ class Bundle:
         analytic = df["d_mem_gib"].to_numpy()
         mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df))
         mlo, mhi = self.memory_intervals.bounds(self.memory.domain_keys(df), wm)
+        mem_lo, mem_hi = mem * 10**mlo, mem * 10**mhi
+        res = with_reserve(df.select("g_name", "g_memory_gib", "p_tp", "p_dp", "p_cp", "p_ep", "p_pp"))
+        usable = res["r_usable_gib"].to_numpy()
+        a, b, _ = self.oom_margins.ab(margin_cells(df))
+        v = verdict(mem, mem_lo, mem_hi, usable, a, b)
         return {"pred_time_s": t, "pred_time_lo_s": t * 10**tlo, "pred_time_hi_s": t * 10**thi, "time_weight": wt,
-                "pred_mem_gib": mem, "pred_mem_lo_gib": mem * 10**mlo, "pred_mem_hi_gib": mem * 10**mhi,
-                "mem_weight": wm,
-                "pred_fits": fits_verdict(mem, analytic, df["g_memory_gib"].to_numpy(), wm, self.oom_margin)}
+                "pred_mem_gib": mem, "pred_mem_lo_gib": mem_lo, "pred_mem_hi_gib": mem_hi, "mem_weight": wm,
+                **{k: res[k].to_numpy() for k in ("r_context_gib", "r_nccl_gib", "r_hidden_gib", "r_usable_gib")},
+                **v, "pred_fits": v["fit_verdict"] == FITS}
 
     def unseen_hardware(self, df: pl.DataFrame) -> np.ndarray:
         """Rows on a hardware none of the kernel models saw a probe of (its kernels are extrapolated)."""
@@ -151,7 +160,7 @@ class Bundle:
             "trl_calibration": self.trl_calibration,
             "corrections": {"time": correction_meta(self.time), "memory": correction_meta(self.memory)},
             "intervals_log10": {"time": self.time_intervals.to_dict(), "memory": self.memory_intervals.to_dict()},
-            "oom_margin": self.oom_margin,
+            "oom_margins": self.oom_margins.to_dict(),
         }
         (out / "metadata.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
         return out
@@ -189,7 +198,7 @@ class Bundle:
                    trl_calibration=check_trl_calibration(meta.get("trl_calibration"), where),
                    time=regs["time"], memory=regs["memory"],
                    time_intervals=Intervals.from_dict(iv["time"]), memory_intervals=Intervals.from_dict(iv["memory"]),
-                   oom_margin=float(meta["oom_margin"]), metadata=meta)
+                   oom_margins=OomMargins.from_dict(meta.get("oom_margins")), metadata=meta)
 
     def check_features(self, df: pl.DataFrame) -> None:
         """The code's feature lists must be the ones the models were trained with."""

@@ -9,9 +9,8 @@ running away outside the data they were learned on.
   applicability-domain weight: 1 near the training rows in feature space, 0 from twice the distance that 95 % of
   training rows have to their own neighbours, and 0 for a (framework family, hardware) pair never measured.
 - Intervals are split-conformal per domain from out-of-fold residuals, blended with the composition's own residual
-  spread as the weight falls ("outside what was measured").
-- fits: the predicted peak times a calibrated margin against the GPU's memory; outside the domain the correction
-  may not create an OOM verdict that the analytic model would not."""
+  spread, in the row's domain or the nearest measured ones, as the weight falls ("outside what was measured").
+- fits: models.oom, from the memory interval, the reserve outside the allocator and a per-cell calibrated margin."""
 
 from __future__ import annotations
 
@@ -287,16 +286,36 @@ def _base_key(key: str) -> str:
     return key.split("|", 1)[0]
 
 
+def _key_parts(key: str) -> tuple[str, str | None, str, str | None, str]:
+    """(family, hardware, device class, node regime, regime suffix) of an interval key: a time key is
+    "family:hardware:single|multi-node[|suffix]", a memory key "[trl:]gpu|cpu"."""
+    base, _, suffix = key.partition("|")
+    bits = base.split(":")
+    if len(bits) == 3:
+        fam, hw, nodes = bits
+        return fam, hw, "cpu" if hw in cpu_names() else "gpu", nodes, suffix
+    return (bits[0] if len(bits) == 2 else "*"), None, bits[-1], None, suffix
+
+
+def _nearness(a: tuple, b: tuple) -> tuple[bool, ...]:
+    """How far domain b is from a, lexicographically: the same regime (a cross-node pipeline's stalls), then the
+    same device class, framework family, hardware and node regime. (False, ...) sorts first."""
+    return (a[4] != b[4], a[2] != b[2], a[0] != b[0], a[1] != b[1], a[3] != b[3])
+
+
 class Intervals:
     """Split-conformal bounds on log10(measured / predicted), blended by the applicability weight between
 
     - inside: out-of-fold residuals of the corrected prediction where the correction was applicable in its fold
       (out-of-fold weight >= APPLICABLE), per interval key (Correction.interval_keys), else per domain;
-    - outside: the wider of the composition's own residuals per interval key (else per domain) and over every
-      training row (all a domain never measured gets).
+    - outside: the composition's own residuals in the row's key where that key was measured, else on the nearest
+      measured keys (_nearness: same regime, device class, family, hardware, node regime; the widest of the
+      nearest ties). Never a spread pooled over every source: pooled, the playbook's stall regime (10-50x per
+      micro-batch) set the width of every plan, 25-29x high/low on GPU plans the project holds no run of.
 
     A key with too few applicable out-of-fold rows has no evidence of how good the correction is there: it takes
-    the composition's spread of its key. Outside bounds are at least as wide as inside ones."""
+    the composition's spread of its key. Outside bounds are at least as wide as inside ones. A hardware no kernel
+    model saw a probe of is widened by the composition's residuals on held-out hardware of its device class."""
 
     def fit(self, keys: list[str], oof_log_residuals: np.ndarray, baseline_log_residuals: np.ndarray,
             *, oof_weight: np.ndarray | None = None, coverage: float = 0.9) -> Intervals:
@@ -320,42 +339,59 @@ class Intervals:
         self.domain_ = per(base_a, oof, applicable)
         self.outside_keys_ = per(keys_a, comp, everywhere)
         self.outside_domain_ = per(base_a, comp, everywhere)
-        self.pooled_ = conformal_quantiles(oof[applicable], coverage)
-        self.outside_ = conformal_quantiles(comp, coverage)
-        self.outside_ = (min(self.outside_[0], self.pooled_[0]), max(self.outside_[1], self.pooled_[1]))
-        self.unseen_ = self.outside_
+        self.unseen_ = {}
         return self
 
-    def fit_unseen_hardware(self, log_residuals: np.ndarray, *, coverage: float = 0.9) -> Intervals:
-        """Bounds for a hardware the kernel models never saw a probe of, from the composition's residuals on each
-        measured hardware with its own probes left out: the kernels' extrapolation bias dominates there (CPU
-        without its probes: 56 % off, A100 without its: 101 %), which the pooled spread did not cover (1-8 %)."""
+    def fit_unseen_hardware(self, log_residuals: np.ndarray, *, hardware: list[str] | None = None,
+                            coverage: float = 0.9) -> Intervals:
+        """Bounds for a hardware the kernel models never saw a probe of, per device class, from the composition's
+        residuals on each measured hardware of that class with its own probes left out: the kernels' extrapolation
+        bias dominates there (CPU without its probes: 56 % off, A100 without its: 101 %)."""
         r = np.asarray(log_residuals, dtype=float)
-        if np.isfinite(r).sum() >= 10:
-            lo, hi = conformal_quantiles(r, coverage)
-            self.unseen_ = (min(lo, self.outside_[0]), max(hi, self.outside_[1]))
+        dev = np.array(["*"] * r.size if hardware is None else
+                       ["cpu" if h in cpu_names() else "gpu" for h in hardware], dtype=object)
+        self.unseen_ = {}
+        for d in sorted(set(dev.tolist())):
+            sel = (dev == d) & np.isfinite(r)
+            if sel.sum() >= 10:
+                self.unseen_[d] = conformal_quantiles(r[sel], coverage)
         return self
+
+    def nearest(self, key: str) -> tuple[float, float]:
+        """The composition's spread on the key itself where measured, else on its nearest measured keys."""
+        if key in self.outside_keys_:
+            return self.outside_keys_[key]
+        if not self.outside_keys_:
+            return conformal_quantiles(np.zeros(0))  # nothing measured at all: the stated default
+        me = _key_parts(key)
+        near = {k: _nearness(me, _key_parts(k)) for k in self.outside_keys_}
+        best = min(near.values())
+        ties = [self.outside_keys_[k] for k, d in near.items() if d == best]
+        return min(t[0] for t in ties), max(t[1] for t in ties)
 
     def _pair(self, key: str) -> tuple[tuple[float, float], tuple[float, float]]:
-        base = _base_key(key)
-        own = self.outside_keys_.get(key) or self.outside_domain_.get(base) or self.outside_
-        # The composition's spread in the row's own key alone was too narrow where its bias is per model (the
-        # playbook has two models, vTrain's held-out width is 18 % off against 13 % on the widths it keeps:
-        # coverage 41-44 %); over every row alone, too narrow for the playbook's stall regime. The wider of both.
-        out = (min(own[0], self.outside_[0]), max(own[1], self.outside_[1]))
-        inside = self.inside_.get(key) or self.domain_.get(base) or out
+        out = self.nearest(key)
+        inside = self.inside_.get(key) or self.domain_.get(_base_key(key)) or out
         return inside, (min(out[0], inside[0]), max(out[1], inside[1]))
+
+    def _unseen(self, key: str) -> tuple[float, float] | None:
+        dev = _key_parts(key)[2]
+        return self.unseen_.get(dev) or self.unseen_.get("*") or next(iter(self.unseen_.values()), None)
 
     def bounds(self, keys: list[str], weight: np.ndarray, unseen: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-        pairs = [self._pair(k) for k in keys]
+        cache = {k: self._pair(k) for k in set(keys)}
+        pairs = [cache[k] for k in keys]
         lo_in, hi_in = np.array([p[0][0] for p in pairs]), np.array([p[0][1] for p in pairs])
         lo_out, hi_out = np.array([p[1][0] for p in pairs]), np.array([p[1][1] for p in pairs])
         lo = weight * lo_in + (1.0 - weight) * lo_out
         hi = weight * hi_in + (1.0 - weight) * hi_out
-        if unseen is not None and unseen.any():
-            lo = np.where(unseen, np.minimum(lo, self.unseen_[0]), lo)
-            hi = np.where(unseen, np.maximum(hi, self.unseen_[1]), hi)
+        if unseen is not None and unseen.any() and self.unseen_:
+            u = {k: self._unseen(k) for k in set(keys)}
+            ulo = np.array([u[k][0] if u[k] else 0.0 for k in keys])
+            uhi = np.array([u[k][1] if u[k] else 0.0 for k in keys])
+            lo = np.where(unseen, np.minimum(lo, ulo), lo)
+            hi = np.where(unseen, np.maximum(hi, uhi), hi)
         return lo, hi
 
     def to_dict(self) -> dict:
@@ -364,7 +400,7 @@ class Intervals:
 
         return {"inside": pairs(self.inside_), "domain": pairs(self.domain_),
                 "outside_keys": pairs(self.outside_keys_), "outside_domain": pairs(self.outside_domain_),
-                "pooled": list(self.pooled_), "outside": list(self.outside_), "unseen_hardware": list(self.unseen_)}
+                "unseen_hardware": pairs(self.unseen_)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Intervals:
@@ -376,38 +412,10 @@ class Intervals:
         i.domain_ = pairs(d.get("domain"))
         i.outside_keys_ = pairs(d.get("outside_keys"))
         i.outside_domain_ = pairs(d.get("outside_domain"))
-        i.pooled_ = tuple(d["pooled"])
-        i.outside_ = tuple(d["outside"])
-        i.unseen_ = tuple(d.get("unseen_hardware", d["outside"]))
+        unseen = d.get("unseen_hardware")
+        # Bundles before per-class unseen bounds stored one pooled pair.
+        i.unseen_ = {"*": tuple(unseen)} if isinstance(unseen, list) else pairs(unseen)
         return i
-
-
-def fits_verdict(pred_gib: np.ndarray, analytic_gib: np.ndarray, capacity_gib: np.ndarray, weight: np.ndarray,
-                 margin: float) -> np.ndarray:
-    """pred * (1 + margin) <= capacity; where the memory correction is not fully applicable (weight < 1), a plan
-    the analytic model says fits is not called out of memory by the correction."""
-    learned = pred_gib * (1.0 + margin) <= capacity_gib
-    return learned | ((weight < 1.0) & (analytic_gib <= capacity_gib))
-
-
-def calibrate_margin(pred_gib: np.ndarray, capacity_gib: np.ndarray, fits: np.ndarray, *, slack: float = 0.005,
-                     max_false_oom: float = 0.02) -> float:
-    """The safety margin m for the rule pred * (1 + m) <= capacity: the smallest margin whose accuracy on runs
-    that fit or failed is within `slack` of the best, among margins that call at most `max_false_oom` of the runs
-    that ran "does not fit". The two errors do not cost the same: a missed OOM fails at launch, in a minute; a false
-    OOM hides a plan that runs, possibly the best one, and nobody finds out. Accuracy alone kept creeping up with m
-    because the published failures include crashes that were not out of memory (at any predicted size)."""
-    if fits.size == 0 or fits.all() or (~fits).all():
-        return 0.05
-    margins = np.linspace(-0.2, 0.6, 161)
-    calls = pred_gib[None, :] * (1 + margins[:, None]) <= capacity_gib[None, :]
-    accs = (calls == fits[None, :]).mean(axis=1)
-    false_oom = (~calls[:, fits]).mean(axis=1)
-    allowed = false_oom <= max_false_oom
-    if not allowed.any():
-        return float(margins[0])
-    best = accs[allowed].max()
-    return float(margins[np.argmax(allowed & (accs >= best - slack))])
 
 
 CORRECTION_OPTIONS = ("kind", "seed", "domain", "shrink", "bound", "absolute")

@@ -40,16 +40,20 @@ def pareto_plot(ranking, path: Path | str) -> Path:
     cap = float(df["g_memory_gib"][0])
     fig, ax = plt.subplots(figsize=(9, 6))
     ax.scatter(mem[fits], thr[fits], s=10, alpha=0.5, label=f"fits ({fits.sum()})")
-    ax.scatter(mem[~fits], thr[~fits], s=10, alpha=0.3, c="grey", label=f"predicted OOM ({(~fits).sum()})")
+    risky = (df["fit_verdict"] == "at risk").to_numpy() if "fit_verdict" in df.columns else np.zeros_like(fits)
+    ax.scatter(mem[risky], thr[risky], s=10, alpha=0.4, c="orange", label=f"at risk of OOM ({risky.sum()})")
+    out = ~fits & ~risky
+    ax.scatter(mem[out], thr[out], s=10, alpha=0.3, c="grey", label=f"does not fit ({out.sum()})")
     if fits.any():
         idx = np.flatnonzero(fits)[pareto_front(mem[fits], thr[fits])]
         ax.plot(mem[idx], thr[idx], "r-o", ms=4, label="Pareto front")
         ax.annotate("#1 " + df["plan"][0], (mem[0], thr[0]), fontsize=7, xytext=(5, 5), textcoords="offset points")
     ax.axvline(cap, color="k", ls="--", lw=1, label=f"GPU memory {cap:.0f} GiB")
-    margin = getattr(ranking, "oom_margin", 0.0)
-    if margin > 0:
-        ax.axvline(cap / (1 + margin), color="k", ls=":", lw=1,
-                   label=f"fit limit with the calibrated {100 * margin:.0f}% margin")
+    if fits.any() and "fit_limit_gib" in df.columns:
+        # Each plan has its own margin (its memory interval, the calibrated cell margin): the #1 plan's limit.
+        best = int(np.flatnonzero(fits)[0])
+        ax.axvline(float(df["fit_limit_gib"][best]), color="k", ls=":", lw=1,
+                   label=f"fit limit of #1 (margin {100 * float(df['oom_margin'][best]):+.0f}%)")
     unit = "pairs" if ranking.workload.is_preference else "samples"
     ax.set_xlabel("predicted peak memory per GPU (GiB)")
     ax.set_ylabel(f"predicted {unit}/s")

@@ -13,7 +13,7 @@ import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
-from perfpredict.core.schema import ENGINE_PARTS, STEP_TIME_PARTS
+from perfpredict.core.schema import ENGINE_PARTS, FIT_COLUMNS, STEP_TIME_PARTS
 from perfpredict.features.descriptors import describe
 from perfpredict.models.bundle import Bundle, default_path
 
@@ -80,6 +80,7 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         peak_memory_gib=pl.Series(mem), peak_memory_lo_gib=pl.Series(p["pred_mem_lo_gib"]),
         peak_memory_hi_gib=pl.Series(p["pred_mem_hi_gib"]),
         fits=pl.Series(p["pred_fits"]),
+        **{k: pl.Series(p[k]) for k in FIT_COLUMNS},
         # How much of the learned correction applies (1: inside the measured domain, 0: composition alone).
         time_applicability=pl.Series(p["time_weight"]), memory_applicability=pl.Series(p["mem_weight"]),
         mfu=pl.Series(mfu),
@@ -133,6 +134,8 @@ class Prediction:
     peak_memory_interval_gib: tuple[float, float]
     breakdown: dict[str, float]
     dominant: str
+    fit_verdict: str = "fits"  # fits / at risk / does not fit (models.oom); `fits` is fit_verdict == "fits"
+    oom_risk: float = 0.0  # P(peak > the memory the allocator can use)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,7 +154,7 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
                    "logits_gib": r["mem_logits_gib"], "reference_gib": r["mem_reference_gib"],
                    "other_gib": r["mem_other_gib"],
                    **{k[2:]: r[k] for k in ENGINE_TERMS.values() if k in r}},
-        dominant=r["dominant"])
+        dominant=r["dominant"], fit_verdict=r["fit_verdict"], oom_risk=r["oom_risk"])
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,20 @@ class Ranking:
     cluster: Cluster
     workload: Workload
     model: ModelSpec
-    oom_margin: float = 0.0  # fits when predicted peak x (1 + margin) <= GPU memory
     notes: list[str] = field(default_factory=list)
 
+    # Each plan carries its own verdict (fit_verdict, oom_risk) and margin (oom_margin, fit_limit_gib: models.oom).
     @property
     def fitting(self) -> pl.DataFrame:
         return self.table.filter(c("fits"))
 
     @property
+    def at_risk(self) -> pl.DataFrame:
+        return self.table.filter(c("fit_verdict") == "at risk")
+
+    @property
     def misses(self) -> pl.DataFrame:
-        return self.table.filter(~c("fits")).sort("peak_memory_gib")
+        return self.table.filter(~c("fits")).sort("oom_risk", "peak_memory_gib")
 
 
 def _label_expr() -> pl.Expr:
@@ -86,7 +90,7 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
     df = df.sort(["fits", "samples_per_s", "peak_memory_gib", "plan"], descending=[True, True, False, False],
                  maintain_order=True).with_row_index("rank", offset=1)
     return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
-                   cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin)
+                   cluster=cluster, workload=workload, model=model)
 
 
 def _host_ram_checked(model: ModelSpec, cluster: Cluster, workload: Workload, plans, rej: Rejections
@@ -276,7 +280,7 @@ def explain(ranking: Ranking) -> str:
     df = ranking.fitting
     unit = "pairs" if ranking.workload.is_preference else "samples"
     if df.height < 2:
-        return "only one plan fits: nothing to compare"
+        return "\n".join(["only one plan fits: nothing to compare", *map(fit_line, df.head(1).iter_rows(named=True))])
     a, b = df.row(0, named=True), df.row(1, named=True)
     diffs = sorted(((b[k] - a[k], name) for name, k in EXPLAIN_PARTS), reverse=True)
     lines = [f"#1 {a['plan']}: {num(a['samples_per_s'])} {unit}/s, step {a['step_time_s']:.3g} s, "
@@ -299,13 +303,30 @@ def explain(ranking: Ranking) -> str:
                  f"{b['mem_logits_gib']:.1f}, reference {a['mem_reference_gib']:.1f} vs {b['mem_reference_gib']:.1f}, "
                  f"gathered parameters {a['mem_other_gib']:.1f} vs {b['mem_other_gib']:.1f} GiB (the peak rank's parts; "
                  "they add up to its peak).")
+    lines.append(fit_line(a))
     return "\n".join(lines)
 
 
 def misses_line(ranking: Ranking, n: int = 3) -> str:
-    """The closest plans that do not fit, and by how much."""
+    """The closest plans that do not fit (at risk first, least risk first), and by how much."""
     miss = ranking.misses.head(n)
-    return (f"closest misses (a plan fits when its predicted peak x {1 + ranking.oom_margin:.2f}, the margin "
-            "calibrated on held-out OOM outcomes, stays within GPU memory): "
-            + "; ".join(f"{m['plan']} needs {m['peak_memory_gib']:.1f} GiB of {m['g_memory_gib']:.0f}"
+    risky = ranking.at_risk.height
+    return (f"not counted as fitting: {risky} at risk, {ranking.misses.height - risky} do not fit (a plan fits when its "
+            "predicted peak x (1 + its margin), from its memory interval and the margin calibrated per framework "
+            "family and GPU memory class, stays within the memory the allocator can use). Closest: "
+            + "; ".join(f"{m['plan']} {m['fit_verdict']} (P(OOM) {100 * m['oom_risk']:.0f}%): "
+                        f"{m['peak_memory_gib']:.1f} GiB x {1 + m['oom_margin']:.2f} vs {m['r_usable_gib']:.1f} "
+                        f"usable of {m['g_memory_gib']:.0f}"
                         for m in miss.iter_rows(named=True)))
+
+
+def fit_line(row: dict) -> str:
+    """How a plan's verdict was reached (the `--explain` memory line)."""
+    usable = row["r_usable_gib"]
+    return (f"Fit: {row['fit_verdict']}, P(OOM) {100 * row['oom_risk']:.1f}%. GPU {row['g_memory_gib']:.0f} GiB - "
+            f"reserve {row['g_memory_gib'] - usable:.2f} (what CUDA keeps back {row['r_hidden_gib']:.2f}, CUDA context "
+            f"{row['r_context_gib']:.2f}, NCCL buffers {row['r_nccl_gib']:.2f}) = {usable:.1f} GiB usable; peak "
+            f"{row['peak_memory_gib']:.1f} [{row['peak_memory_lo_gib']:.1f}-{row['peak_memory_hi_gib']:.1f}] x "
+            f"(1 + margin {row['oom_margin']:+.2f}) must stay within it: fits up to {row['fit_limit_gib']:.1f} GiB "
+            "(margin: the interval's upper end, times the margin calibrated on held-out OOM outcomes for this "
+            "framework family and GPU memory class where it has them).")

@@ -24,10 +24,12 @@ def training_summary(path: Path | str) -> str:
     import json
 
     meta = json.loads((Path(path) / "metadata.json").read_text())
-    iv = meta["intervals_log10"]
+    cells = meta.get("oom_margins") or {}
+    margins = "; ".join(f"{k}: a {v['a']:+.2f}, b {v['b']:+.2f} ({v['ran']} ran, {v['oom']} OOM)"
+                        for k, v in sorted(cells.items())) or "none (every cell judged by its memory interval)"
     return (f"trained on {meta['rows']} -> [bold]{path}[/]\n"
-            f"launch floor per kernel {meta['launch_floor_s']}; OOM margin {meta['oom_margin']:+.3f}; 90% "
-            f"intervals (log10) outside the data: time {iv['time']['outside']}, memory {iv['memory']['outside']}"
+            f"launch floor per kernel {meta['launch_floor_s']}\n"
+            f"OOM margins per (framework family | GPU memory class) on held-out outcomes: {margins}"
             + _trl_scales_line(meta))
 
 

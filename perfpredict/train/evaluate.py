@@ -141,6 +141,21 @@ def _ranking(df: pl.DataFrame) -> dict[str, float]:
             "rank_top1_regret": float(np.mean(regrets)) if regrets else float("nan")}
 
 
+def _widths(prefix: str, point: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray) -> dict[str, float]:
+    """Median 90 % interval width: relative to the point ((hi - lo) / point, the report's `width`) and as high/low,
+    over all rows and separately inside (applicability >= 0.5) and outside the measured domain."""
+    nan = float("nan")
+    if point.size == 0:
+        return {f"{prefix}_interval_width": nan, f"{prefix}_interval_ratio": nan,
+                f"{prefix}_interval_ratio_inside": nan, f"{prefix}_interval_ratio_outside": nan}
+    ratio = hi / lo
+    inside = np.nan_to_num(weight) >= 0.5
+    return {f"{prefix}_interval_width": float(np.median((hi - lo) / point)),
+            f"{prefix}_interval_ratio": float(np.median(ratio)),
+            f"{prefix}_interval_ratio_inside": float(np.median(ratio[inside])) if inside.any() else nan,
+            f"{prefix}_interval_ratio_outside": float(np.median(ratio[~inside])) if (~inside).any() else nan}
+
+
 def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> pl.DataFrame:
     """One row per value of `keys` with every metric, learned beside the composition and the analytic baseline."""
     rows = []
@@ -153,6 +168,8 @@ def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> 
             row |= _summary(name, _ape(tr[col].to_numpy(), t_true))
         row["time_coverage"] = (float(np.mean((tr["pred_time_lo_s"].to_numpy() <= t_true)
                                               & (t_true <= tr["pred_time_hi_s"].to_numpy()))) if tr.height else np.nan)
+        row |= _widths("time", tr["pred_time_s"].to_numpy(), tr["pred_time_lo_s"].to_numpy(),
+                       tr["pred_time_hi_s"].to_numpy(), tr["time_weight"].to_numpy())
         row["time_weight_mean"] = float(tr["time_weight"].mean()) if tr.height else np.nan
         m_true = mr["peak_memory_gib"].to_numpy()
         row["mem_n"] = mr.height
@@ -160,9 +177,15 @@ def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> 
             row |= _summary(name, _ape(mr[col].to_numpy(), m_true))
         row["mem_coverage"] = (float(np.mean((mr["pred_mem_lo_gib"].to_numpy() <= m_true)
                                              & (m_true <= mr["pred_mem_hi_gib"].to_numpy()))) if mr.height else np.nan)
-        ran = orow.filter(c("fits"))
+        row |= _widths("mem", mr["pred_mem_gib"].to_numpy(), mr["pred_mem_lo_gib"].to_numpy(),
+                       mr["pred_mem_hi_gib"].to_numpy(), mr["mem_weight"].to_numpy())
+        ran, failed = orow.filter(c("fits")), orow.filter(~c("fits"))
         row["oom_n"] = orow.height
-        row["false_oom"] = float((~ran["pred_fits"]).mean()) if ran.height else np.nan
+        row["oom_failed_n"] = failed.height
+        # false OOM: ran, called "does not fit"; missed OOM: failed, called "fits"; at risk: neither call made.
+        row["false_oom"] = float((ran["fit_verdict"] == "does not fit").mean()) if ran.height else np.nan
+        row["missed_oom"] = float((failed["fit_verdict"] == "fits").mean()) if failed.height else np.nan
+        row["at_risk"] = float((orow["fit_verdict"] == "at risk").mean()) if orow.height else np.nan
         row["false_oom_analytic"] = (float((ran["d_mem_gib"] > ran["g_memory_gib"]).mean()) if ran.height else np.nan)
         row["oom_accuracy"] = (float(np.mean(orow["pred_fits"].to_numpy() == orow["fits"].to_numpy()))
                                if orow.height else np.nan)

@@ -11,11 +11,13 @@ import polars as pl
 from sklearn.model_selection import GroupKFold
 
 from perfpredict.core.dataset import data_hash
+from perfpredict.features.reserve import with_reserve
 from perfpredict.models.bundle import Bundle
 from perfpredict.models.calibration import LaunchFloor, TrlCalibration
 from perfpredict.models.compose import compose
 from perfpredict.models.kernels import KernelModel
-from perfpredict.models.plan_model import Correction, Intervals, calibrate_margin
+from perfpredict.models.oom import OomMargins, margin_cells
+from perfpredict.models.plan_model import Correction, Intervals
 from perfpredict.models.trl_scales import trl_probe_scales
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 
@@ -106,11 +108,11 @@ def _uncomposed(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, *, launch_floor: dict[str, float],
-                              trl_calibration: dict[str, float], seed: int = 0) -> np.ndarray:
+                              trl_calibration: dict[str, float], seed: int = 0) -> tuple[np.ndarray, list[str]]:
     """log10(measured / composed) on each measured hardware, composed by kernel models refitted without that
     hardware's probes (with the launch floor and TRL calibration fitted on all of them): what the composition does
-    on a hardware it has never seen."""
-    out = []
+    on a hardware it has never seen. Returns the residuals and each one's hardware."""
+    out, names = [], []
     tr = time_rows(runs)
     for hw in sorted(set(tr["g_name"].unique().to_list()) & set(probes["hardware"].unique().to_list())):
         k = KernelModel(seed=seed).fit(probes.filter(c("hardware") != hw))
@@ -119,7 +121,8 @@ def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, *, launc
         composed = compose(_uncomposed(tr.filter(c("g_name") == hw)), k, launch_floor=launch_floor,
                            trl_calibration=trl_calibration)
         out.append(np.log10(composed["step_time_s"].to_numpy() / composed["k_step_s"].to_numpy()))
-    return np.concatenate(out) if out else np.zeros(0)
+        names += [hw] * composed.height
+    return (np.concatenate(out) if out else np.zeros(0)), names
 
 
 def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, variant: Variant = DEFAULT_VARIANT,
@@ -148,17 +151,26 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
                            np.log10(mr["peak_memory_gib"] / mr["d_mem_gib"]).to_numpy(),
                            oof_weight=mr["oof_mem_weight"].to_numpy())
     if probes is not None:
-        t_iv.fit_unseen_hardware(unseen_hardware_residuals(runs, probes, launch_floor=floor.floors_,
-                                                           trl_calibration=trl.calibration_, seed=seed))
-    orows = oom_rows(stacked).filter(c("oof_pred_mem_gib").is_not_nan())
-    margin = calibrate_margin(orows["oof_pred_mem_gib"].to_numpy(), orows["g_memory_gib"].to_numpy(),
-                              orows["fits"].to_numpy())
+        r, hw = unseen_hardware_residuals(runs, probes, launch_floor=floor.floors_, trl_calibration=trl.calibration_,
+                                          seed=seed)
+        t_iv.fit_unseen_hardware(r, hardware=hw)
     bundle = Bundle(kernels=kernels, launch_floor_s=floor.floors_, trl_calibration=trl.calibration_, time=time,
-                    memory=mem, time_intervals=t_iv, memory_intervals=m_iv, oom_margin=margin,
+                    memory=mem, time_intervals=t_iv, memory_intervals=m_iv,
+                    oom_margins=calibrate_oom_margins(oom_rows(stacked), mem, m_iv),
                     # Which CPU hosts' TRL scales their TRL-op probes give, and why the others use the constants.
                     metadata={"variant": variant.name, "trl_probe_hosts": list(trl.measured_hosts_),
                               "trl_probe_fallback": trl.probe_fallback_})
     return bundle, composed
+
+
+def calibrate_oom_margins(orows: pl.DataFrame, mem: Correction, m_iv: Intervals) -> OomMargins:
+    """OOM margins per (framework family, GPU memory class) from rows with a known outcome, each judged by its
+    out-of-fold memory prediction and the interval that prediction gets (models.oom)."""
+    orows = with_reserve(orows.filter(c("oof_pred_mem_gib").is_not_nan()))
+    pred = orows["oof_pred_mem_gib"].to_numpy()
+    lo, hi = m_iv.bounds(mem.domain_keys(orows), np.nan_to_num(orows["oof_mem_weight"].to_numpy()))
+    return OomMargins().fit(margin_cells(orows), pred * 10**lo, pred * 10**hi, orows["r_usable_gib"].to_numpy(),
+                            orows["fits"].to_numpy())
 
 
 def train_bundle(*, data: Path | str, seed: int = 0, progress=None) -> tuple[Bundle, pl.DataFrame]:

@@ -21,6 +21,9 @@ SPLIT_ORDER = ("largest", "model", "width", "scale", "hardware", "trl-shape", "t
 SPLIT_LABEL = {"largest": "largest (test)"}
 # Optional metrics: rendered when the evaluation JSON carries them (median interval width / point prediction).
 WIDTH_KEYS = ("time_interval_width", "mem_interval_width")
+# Optional too: the median interval as high/low, and the OOM verdict's other two outcomes (models.oom).
+RATIO_KEYS = ("time_interval_ratio", "mem_interval_ratio")
+OOM_KEYS = ("missed_oom", "at_risk")
 
 Row = dict[str, Any]
 
@@ -65,8 +68,12 @@ def _shipped(plan: list[Row]) -> str:
     return DEFAULT_VARIANT.name if DEFAULT_VARIANT.name in variants else variants[0]
 
 
-def _widths(rows: list[Row]) -> list[str]:
-    return [k for k in WIDTH_KEYS if any(not _missing(r.get(k)) for r in rows)]
+def _widths(rows: list[Row], keys: tuple[str, ...] = WIDTH_KEYS) -> list[str]:
+    return [k for k in keys if any(not _missing(r.get(k)) for r in rows)]
+
+
+def ratio(v: Any) -> str:
+    return "-" if _missing(v) else f"{float(v):.2f}x"
 
 
 INTRO = """\
@@ -110,25 +117,37 @@ WIDTH_NOTE = ("`width` columns: the median 90 % interval width relative to the p
 def _plan_section(plan: list[Row], shipped: str) -> list[str]:
     rows = _sorted([r for r in plan if r["variant"] == shipped], "source")
     widths = _widths(rows)
+    ratios = _widths(rows, RATIO_KEYS)
+    ooms = _widths(rows, OOM_KEYS)
     head = ["split", "source", "time n", "learned", "composed", "analytic", "90% cover"]
     head += ["width"] if "time_interval_width" in widths else []
+    head += ["high/low"] if "time_interval_ratio" in ratios else []
     head += ["applic.", "mem n", "mem learned", "mem analytic", "mem cover"]
     head += ["mem width"] if "mem_interval_width" in widths else []
-    head += ["false OOM", "Spearman", "regret"]
+    head += ["mem high/low"] if "mem_interval_ratio" in ratios else []
+    head += ["false OOM"] + [{"missed_oom": "missed OOM", "at_risk": "at risk"}[k] for k in ooms]
+    head += ["Spearman", "regret"]
     body = []
     for r in rows:
         cells = [SPLIT_LABEL.get(r["split"], r["split"]), r["source"], count(r.get("time_n")), pct(r.get("time_mape")),
                  pct(r.get("time_composed_mape")), pct(r.get("time_analytic_mape")), pct(r.get("time_coverage"))]
         cells += [pct(r.get("time_interval_width"))] if "time_interval_width" in widths else []
+        cells += [ratio(r.get("time_interval_ratio"))] if "time_interval_ratio" in ratios else []
         cells += [plain(r.get("time_weight_mean")), count(r.get("mem_n")), pct(r.get("mem_mape")),
                   pct(r.get("mem_analytic_mape")), pct(r.get("mem_coverage"))]
         cells += [pct(r.get("mem_interval_width"))] if "mem_interval_width" in widths else []
-        cells += [pct(r.get("false_oom")), plain(r.get("rank_spearman")), pct(r.get("rank_top1_regret"))]
+        cells += [ratio(r.get("mem_interval_ratio"))] if "mem_interval_ratio" in ratios else []
+        cells += [pct(r.get("false_oom"))] + [pct(r.get(k)) for k in ooms]
+        cells += [plain(r.get("rank_spearman")), pct(r.get("rank_top1_regret"))]
         body.append(cells)
     out = [f"## Training plans: per split and source (shipped variant `{shipped}`)", ""]
     out += _table(head, body)
     if widths:
         out += [WIDTH_NOTE]
+    if ratios or ooms:
+        out += ["`high/low` columns: the median 90 % interval's upper over lower end (targets: 1.6x inside a "
+                "measured domain, 3x outside). `missed OOM`: runs that failed but were called \"fits\"; `at risk`: "
+                "outcomes called neither fits nor does not fit (models.oom).\n"]
     return out + _holds(rows)
 
 
@@ -148,6 +167,9 @@ def _holds(rows: list[Row]) -> list[str]:
                    f"({len(timed)} rows); where the correction does not apply (applic. 0) it is the composition.")
     if ooms:
         out.append(f"- False OOM: at most {pct(max(ooms))} on any split and source.")
+    missed = [r["missed_oom"] for r in rows if not _missing(r.get("missed_oom"))]
+    if missed:
+        out.append(f"- Missed OOM (target at most 5 %): at most {pct(max(missed))} on any split and source.")
     if low:
         out.append("- Step-time coverage below 80 %: " + "; ".join(
             f"{_where(r)} {pct(r['time_coverage'])}" for r in low) + ".")

@@ -124,7 +124,7 @@ def _train_table(model: ModelSpec, cluster: Cluster, w, bundle) -> pl.DataFrame:
     from perfpredict.predictor.rank import rank_plans
 
     r = rank_plans(model=model, cluster=cluster, workload=w, space=PlanSpace(), bundle=bundle)
-    return r.table.filter(pl.col("fits")).with_columns(oom_margin=pl.lit(r.oom_margin))
+    return r.table.filter(pl.col("fits"))  # each plan carries its own oom_margin and r_usable_gib (models.oom)
 
 
 def _best_gen(model: ModelSpec, cluster: Cluster, workload: GenWorkload, util: float, gen_model) -> dict | None:
@@ -207,7 +207,9 @@ def rank_iteration(*, model: ModelSpec, cluster: Cluster, workload: GenWorkload,
                 held = util * visible if sleep == 0 else CUDAGRAPH_ESTIMATE_GIB
                 budget = mem - held
                 resident = (pl.col("mem_states_gib") + pl.col("mem_reference_gib") + pl.col("mem_other_gib"))
-                ok = train.filter((pl.col("peak_memory_gib") * (1 + pl.col("oom_margin")) <= budget)
+                # The plan's own margin against what the allocator can use beside the engine's share.
+                ok = train.filter((pl.col("peak_memory_gib") * (1 + pl.col("oom_margin"))
+                                   <= pl.col("r_usable_gib") - (mem - budget))
                                   & (resident + util * visible <= mem))
                 if ok.height == 0:
                     miss(f"colocated sleep {sleep}: no training plan fits beside the engine at utilisation {util:g}")
