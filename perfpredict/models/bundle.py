@@ -2,9 +2,9 @@
 (models.calibration), plan-level time and memory corrections with their applicability domains, per-domain
 conformal intervals and the OOM margin.
 
-Saved as xgboost JSON files, the corrections' training matrices as .npy (no pickle), and metadata.json (feature
-lists, the fitted launch floor and TRL calibration, options, domains, bounds, schema version, data hash, library
-versions). Loading checks the metadata and refuses a mismatch."""
+Saved as xgboost JSON files (each with its trees as numpy arrays beside it, models.trees), the corrections' training
+matrices as .npy (no pickle), and metadata.json (feature lists, the fitted launch floor and TRL calibration, options,
+domains, bounds, schema version, data hash, library versions). Loading checks the metadata and refuses a mismatch."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.models.compose import TRL_CALIBRATION, compose
-from perfpredict.models.gb import GBRegressor, xgb
+from perfpredict.models.gb import GBRegressor, xgboost_version
 from perfpredict.models.kernels import KernelModel, kernel_features
 from perfpredict.models.plan_model import (
     Correction,
@@ -42,7 +42,7 @@ def versions() -> dict[str, str]:
 
     import perfpredict
 
-    return {"perfpredict": perfpredict.__version__, "xgboost": xgb.__version__, "polars": pl.__version__,
+    return {"perfpredict": perfpredict.__version__, "xgboost": xgboost_version(), "polars": pl.__version__,
             "numpy": numpy.__version__, "scikit-learn": version("scikit-learn")}
 
 
@@ -164,9 +164,9 @@ class Bundle:
             raise PerfPredictError(f"predictor at {str(path)!r} has schema {meta.get('model_schema_version')}, this "
                                    f"perfpredict reads {MODEL_SCHEMA_VERSION}; retrain with `perfpredict train`")
         saved_xgb = meta.get("versions", {}).get("xgboost", "0").split(".")[0]
-        if saved_xgb != xgb.__version__.split(".")[0]:
+        if saved_xgb != xgboost_version().split(".")[0]:
             raise PerfPredictError(f"predictor at {str(path)!r} was saved by xgboost {meta['versions']['xgboost']}, "
-                                   f"this is {xgb.__version__}; retrain with `perfpredict train`")
+                                   f"this is {xgboost_version()}; retrain with `perfpredict train`")
         for name in meta["files"].values():
             if not (path / name).exists():
                 raise PerfPredictError(f"predictor at {str(path)!r} lacks {name}; retrain with `perfpredict train`")
