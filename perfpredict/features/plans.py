@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+import polars as pl
+
 from perfpredict.core.errors import require
 from perfpredict.core.frameworks import (
     DEFAULT_RANKED,
@@ -23,7 +25,8 @@ from perfpredict.core.frameworks import (
 )
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
-from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan
+from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan, stage_layers_text
+from perfpredict.core.scenario import PLAN_COLUMNS
 from perfpredict.core.workload import Workload
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -181,6 +184,33 @@ def _offloads(base: Plan, zero: int, dp: int, offload: bool) -> list[tuple[bool,
 def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
                     rejections: Rejections | None = None) -> Iterator[Plan]:
     """Every plan the capability table (core.frameworks) says its framework can run on this cluster."""
+    for fields in _plan_fields(model, cluster, workload, space, rejections):
+        yield Plan(**dict(zip(PLAN_COLUMNS, fields, strict=True)))
+
+
+def plan_columns_frame(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
+                       rejections: Rejections | None = None) -> pl.DataFrame:
+    """enumerate_plans' plans as the flat plan columns (core.scenario.plan_columns, in its order), built without a
+    Plan object per plan: a large ranking has tens of thousands, and validating each took longer than ranking them.
+    The plans are the same, in the same order (tests/test_speed.py)."""
+    rows = list(_plan_fields(model, cluster, workload, space, rejections))
+    cols = list(zip(*rows, strict=True)) if rows else [()] * len(PLAN_COLUMNS)
+    data = {}
+    for (field, col), values in zip(PLAN_COLUMNS.items(), cols, strict=True):
+        if field == "stage_layers":
+            text = {v: stage_layers_text(v) for v in set(values)}
+            values = [text[v] for v in values]
+        data[col] = pl.Series(col, values, dtype=_PLAN_DTYPES[type(getattr(_DEFAULT_PLAN, field))])
+    return pl.DataFrame(data)
+
+
+_DEFAULT_PLAN = Plan()
+_PLAN_DTYPES = {int: pl.Int64, bool: pl.Boolean, str: pl.Utf8, tuple: pl.Utf8}
+
+
+def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
+                 rejections: Rejections | None = None) -> Iterator[tuple]:
+    """The legal plans as tuples of Plan's fields in core.scenario.PLAN_COLUMNS' order (the one enumeration)."""
     space = space or PlanSpace()
     rej = rejections if rejections is not None else Rejections()
     caps = [capability(f) for f in space.frameworks]
@@ -229,7 +259,5 @@ def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spac
                             for sp in sps:
                                 for ep in eps:
                                     for off, poff in offloads:
-                                        yield Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero=zero,
-                                                   recompute=rc, micro_batch=mb, grad_accum=ga,
-                                                   optimizer_offload=off, param_offload=poff, framework=cap.name,
-                                                   schedule=schedule, virtual_stages=v, ep=ep, stage_layers=stages)
+                                        yield (tp, pp, dp, cp, sp, zero, rc, mb, ga, off, cap.name, schedule, v,
+                                               ep, poff, stages)

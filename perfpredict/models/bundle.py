@@ -108,11 +108,11 @@ class Bundle:
     def apply(self, df: pl.DataFrame) -> dict[str, np.ndarray]:
         """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, fits."""
         wt = self.time.weight(df)
-        t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df))
+        t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df, where=wt > 0))
         tlo, thi = self.time_intervals.bounds(self.time.interval_keys(df), wt, self.unseen_hardware(df))
         wm = self.memory.weight(df)
         analytic = df["d_mem_gib"].to_numpy()
-        mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df))
+        mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df, where=wm > 0))
         mlo, mhi = self.memory_intervals.bounds(self.memory.domain_keys(df), wm)
         return {"pred_time_s": t, "pred_time_lo_s": t * 10**tlo, "pred_time_hi_s": t * 10**thi, "time_weight": wt,
                 "pred_mem_gib": mem, "pred_mem_lo_gib": mem * 10**mlo, "pred_mem_hi_gib": mem * 10**mhi,

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from scipy.spatial import cKDTree
 
 from perfpredict.core.catalog import cpu_names
 from perfpredict.core.frameworks import FAMILY, TRL_FRAMEWORKS
 from perfpredict.features.compute import on_cpu
 from perfpredict.models.gb import GBRegressor
+from perfpredict.models.neighbours import Neighbours
 
 c = pl.col
 FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")
@@ -158,8 +158,9 @@ class Correction:
 
     def domain_keys(self, df: pl.DataFrame) -> list[str]:
         multi = (df["c_nodes"] > 1).to_list() if "c_nodes" in df.columns else [False] * df.height
-        return [self._domain_key(f, g, m) for f, g, m in zip(df["p_framework"].to_list(), df["g_name"].to_list(),
-                                                               multi, strict=True)]
+        known: dict[tuple, str] = {}  # a ranking's rows share a handful of keys
+        return [known.get(k) or known.setdefault(k, self._domain_key(*k))
+                for k in zip(df["p_framework"].to_list(), df["g_name"].to_list(), multi, strict=True)]
 
     def interval_keys(self, df: pl.DataFrame) -> list[str]:
         """The domain key, refined for step-time intervals where the pipeline crosses nodes: there the published
@@ -222,17 +223,20 @@ class Correction:
         multi-node rows vouch for the playbook's)."""
         if getattr(self, "_trees", None) is None:
             Z = (self.train_X_ - self.center_) / self.scale_
-            self._trees = {k: cKDTree(Z[self.train_keys_ == k]) for k in sorted(set(self.train_keys_.tolist()))}
+            self._trees = {k: Neighbours(Z[self.train_keys_ == k]) for k in sorted(set(self.train_keys_.tolist()))}
         return self._trees
 
-    def distance(self, df: pl.DataFrame) -> np.ndarray:
+    def distance(self, df: pl.DataFrame, *, beyond: float | None = None) -> np.ndarray:
         """Mean distance to the K nearest training rows of the row's domain, in units of that domain's own 95th
-        percentile; inf for a domain never measured."""
+        percentile; inf for a domain never measured, and (with `beyond`) for rows certainly farther than `beyond`
+        (no search needed: nothing past it changes the weight)."""
         Z = (self._X(df) - self.center_) / self.scale_
         keys = np.array(self.domain_keys(df), dtype=object)
         out = np.full(len(Z), np.inf)
         for key, tree in self._trees_of().items():
             idx = keys == key
+            if beyond is not None and idx.any():  # slack: "certainly" must survive the division's rounding
+                idx[idx] = ~tree.outside(Z[idx], beyond * self.radius_[key] * (1.0 + 1e-9))
             if not idx.any():
                 continue
             d, _ = tree.query(Z[idx], k=min(K_NEIGHBOURS, tree.n))
@@ -248,12 +252,19 @@ class Correction:
         """Applicability of the correction per row, in [0, 1]."""
         w = self.in_domain(df).astype(float)
         if self.shrink and df.height:
-            w *= np.clip(2.0 - np.nan_to_num(self.distance(df), posinf=2.0), 0.0, 1.0)
+            w *= np.clip(2.0 - np.nan_to_num(self.distance(df, beyond=2.0), posinf=2.0), 0.0, 1.0)
         return w
 
-    def predict_log_ratio(self, df: pl.DataFrame) -> np.ndarray:
+    def predict_log_ratio(self, df: pl.DataFrame, where: np.ndarray | None = None) -> np.ndarray:
+        """The bounded correction per row; with `where`, only those rows are predicted (0 elsewhere: rows whose
+        weight is 0 need none, and most of a large ranking lies outside every measured domain)."""
         if self.model_ is None:
             return np.zeros(df.height)
+        if where is not None:
+            out = np.zeros(df.height)
+            if where.any():
+                out[where] = self.predict_log_ratio(df.filter(pl.Series(where)))
+            return out
         r = self.model_.predict(self._X(df))
         if self.bound:
             r = np.clip(r, *self.bounds_)
@@ -348,7 +359,8 @@ class Intervals:
 
     def bounds(self, keys: list[str], weight: np.ndarray, unseen: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-        pairs = [self._pair(k) for k in keys]
+        known = {k: self._pair(k) for k in set(keys)}  # a ranking's rows share a handful of keys
+        pairs = [known[k] for k in keys]
         lo_in, hi_in = np.array([p[0][0] for p in pairs]), np.array([p[0][1] for p in pairs])
         lo_out, hi_out = np.array([p[1][0] for p in pairs]), np.array([p[1][1] for p in pairs])
         lo = weight * lo_in + (1.0 - weight) * lo_out
