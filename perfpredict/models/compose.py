@@ -17,6 +17,7 @@ from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.models.hardware_frame import hardware_table
 from perfpredict.models.kernels import KernelModel, family_of
+from perfpredict.models.shapes import distinct_rows
 
 c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
@@ -235,7 +236,11 @@ def _optimizer(b: pl.DataFrame) -> list[pl.DataFrame]:
 
 def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     """Every kernel one rank runs in a step, for each plan row of a descriptor frame (with its count)."""
-    b = _base(desc)
+    return _queries(_base(desc))
+
+
+def _queries(b: pl.DataFrame) -> pl.DataFrame:
+    """kernel_queries from _base's columns, which are all they read."""
     frames = _gemms(b) + _attention(b) + _membound(b) + _comm(b) + _expert_parallel(b) + _optimizer(b)
     frames = [f if "part" in f.columns else f.with_columns(part=pl.lit("compute")) for f in frames]
     q = pl.concat(frames, how="diagonal_relaxed")
@@ -270,6 +275,11 @@ def canonical_frame(desc: pl.DataFrame) -> pl.DataFrame:
     plan with and without SP, at any bandwidth, and those knobs move the prediction exactly as the composition
     says (recompute, the reference and the number of micro-batches enter the correction only through features
     it is constrained to be non-decreasing in)."""
+    return describe(_canonical_flat(desc))
+
+
+def _canonical_flat(desc: pl.DataFrame) -> pl.DataFrame:
+    """canonical_frame before its descriptors are recomputed."""
     hw = hardware_table().select(g_name="hardware", _intra="hw_intra_gb_per_s", _inter="hw_inter_gb_per_s")
     flat = desc.with_row_index("_row").join(hw, on="g_name", how="left").sort("_row")
     flat = flat.with_columns(
@@ -281,7 +291,7 @@ def canonical_frame(desc: pl.DataFrame) -> pl.DataFrame:
         c_intra_bw_gb_per_s=pl.coalesce(c("_intra"), c("c_intra_bw_gb_per_s")),
         c_inter_bw_gb_per_s=pl.coalesce(c("_inter"), c("c_inter_bw_gb_per_s")),
     ).drop("_row", "_intra", "_inter")
-    return describe(flat)
+    return flat
 
 
 def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str, float] | None = None,
@@ -296,7 +306,11 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
     out = _compose(desc, kernels, floors, cal)
     if not canonical:
         return out
-    canon = _compose(canonical_frame(desc), kernels, floors, cal)
+    # Many plans share one canonical plan: each distinct one is described and composed once (models.shapes). The
+    # descriptors are recomputed from the scenario columns, so those alone tell canonical plans apart.
+    flat = _canonical_flat(desc)
+    shapes, of_row = distinct_rows(flat, [k for k in flat.columns if not k.startswith(("d_", "k_", "kc_"))])
+    canon = _compose(describe(shapes), kernels, floors, cal)[of_row]
     return out.with_columns(
         kc_step_s=canon["k_step_s"], **{f"kc_{p}_frac": canon[f"k_{p}_frac"] for p in (*PARTS, "launch")})
 
@@ -330,7 +344,9 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
 def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     """desc with each part's raw kernel seconds (k_<part>_raw_s), its backward share and timed-kernel count: the
     kernel models' work, which no launch floor or calibration changes (the grid searches reuse it)."""
-    q = kernel_queries(desc)
+    # Plans that ask the same kernels (one row of _base) are composed once (models.shapes).
+    shapes, of_row = distinct_rows(_base(desc).drop("row"))
+    q = _queries(shapes.with_row_index("row"))
     keys = list(KERNEL_KEYS) + ["family"]
     uniq = q.select(keys).unique()
     prepared = kernels.prepare(uniq)
@@ -351,8 +367,8 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         if p not in parts.columns:
             parts = parts.with_columns(pl.lit(0.0).alias(p))
     parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")])
-    out = (desc.with_row_index("row").join(parts, on="row", how="left").join(bwd, on="row", how="left")
-           .drop("row"))
+    out = (desc.with_columns(row=pl.Series(of_row, dtype=pl.UInt32)).join(parts, on="row", how="left")
+           .join(bwd, on="row", how="left").drop("row"))
     return out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather", "trlfold")]
                             + [c(k).fill_null(0.0) for k in ("k_bwd_s", *(f"k_{f}_s" for f in TRL_FAMILIES))])
 
