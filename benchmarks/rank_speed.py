@@ -58,8 +58,8 @@ print(json.dumps({"times": times, "plans": r.table.height, "top": r.table.head(t
 # The CLI as a user runs it, reporting at exit which heavy modules it imported.
 COLD = """
 import atexit, runpy, sys
-atexit.register(lambda: print("HEAVY", sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1].split(","))),
-                              file=sys.stderr))
+heavy = set(sys.argv[1].split(","))
+atexit.register(lambda: print("HEAVY", sorted({m.split(".")[0] for m in sys.modules} & heavy), file=sys.stderr))
 sys.argv = ["perfpredict"] + sys.argv[2:]
 runpy.run_module("perfpredict.cli", run_name="__main__")
 """
@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="cold runs and warm processes per tree")
     ap.add_argument("--no-cases", action="store_true", help="skip the plans/s-by-size table")
     a = ap.parse_args()
-    con = Console()
+    con = Console(width=120)
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"this tree": ROOT}
         if a.baseline:

@@ -157,10 +157,16 @@ class Correction:
         return f"{FAMILY.get(framework, framework)}:{hardware}:{'multi' if multi_node else 'single'}-node"
 
     def domain_keys(self, df: pl.DataFrame) -> list[str]:
-        multi = (df["c_nodes"] > 1).to_list() if "c_nodes" in df.columns else [False] * df.height
-        known: dict[tuple, str] = {}  # a ranking's rows share a handful of keys
-        return [known.get(k) or known.setdefault(k, self._domain_key(*k))
-                for k in zip(df["p_framework"].to_list(), df["g_name"].to_list(), multi, strict=True)]
+        multi = (c("c_nodes") > 1) if "c_nodes" in df.columns else pl.lit(False)
+        # A ranking's rows share a handful of keys: each distinct one is built once.
+        combo = df.select(pl.struct(f=c("p_framework"), g=c("g_name"), m=multi).alias("k"))["k"]
+        distinct = combo.unique(maintain_order=True)
+        keys = [self._domain_key(r["f"], r["g"], r["m"]) for r in distinct.to_list()]
+        if len(keys) == 1:
+            return keys * df.height
+        index = combo.to_frame().join(distinct.to_frame().with_row_index("i"), on="k", how="left",
+                                      maintain_order="left", nulls_equal=True)["i"].to_list()
+        return [keys[i] for i in index]
 
     def interval_keys(self, df: pl.DataFrame) -> list[str]:
         """The domain key, refined for step-time intervals where the pipeline crosses nodes: there the published
