@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,14 +47,15 @@ b = load_predictor()
 args = dict(model=get_model(model), cluster=Cluster(get_gpu("h100-sxm-80gb"), 8, gpus // 8),
             workload=Workload(objective="dpo", seq_len=4096, global_batch=gb), space=PlanSpace(), bundle=b)
 r = rank_plans(**args)
-times = []
+times, cpu = [], []
 for _ in range(reps):
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     r = rank_plans(**args)
     times.append(time.perf_counter() - t0)
+    cpu.append(time.process_time() - c0)
 cols = ["plan", "samples_per_s", "step_time_s", "peak_memory_gib", "peak_memory_lo_gib", "peak_memory_hi_gib",
         "step_time_lo_s", "step_time_hi_s", "fits"]
-print(json.dumps({"times": times, "plans": r.table.height, "top": r.table.head(top).select(cols).to_dicts()}))
+print(json.dumps({"times": times, "cpu": cpu, "plans": r.table.height, "top": r.table.head(top).select(cols).to_dicts()}))
 """
 # The CLI as a user runs it, reporting at exit which heavy modules it imported.
 COLD = """
@@ -77,14 +79,21 @@ def _env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(tree)}
 
 
-def cold(tree: Path) -> tuple[float, list[str]]:
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cold(tree: Path) -> tuple[float, float, list[str]]:
+    """Wall and CPU seconds (user + system: what the wall would be on an idle machine, give or take polars'
+    second thread) of one `perfpredict rank` in a new process, and the heavy modules it imported."""
     with tempfile.TemporaryDirectory() as cwd:  # a neutral cwd: `-m`/`-c` put it first on sys.path
-        t0 = time.perf_counter()
+        c0, t0 = _children_cpu(), time.perf_counter()
         p = subprocess.run([sys.executable, "-c", COLD, ",".join(HEAVY), *CLI], env=_env(tree), cwd=cwd,
                            capture_output=True, text=True, check=True)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
     heavy = next((line for line in p.stderr.splitlines() if line.startswith("HEAVY")), "HEAVY []")
-    return wall, json.loads(heavy.removeprefix("HEAVY ").replace("'", '"'))
+    return wall, cpu, json.loads(heavy.removeprefix("HEAVY ").replace("'", '"'))
 
 
 def warm(tree: Path, model: str = "llama-3.1-70b", gpus: int = 512, gb: int = 1024, reps: int = 3,
@@ -123,22 +132,28 @@ def main() -> None:
             except (subprocess.CalledProcessError, FileNotFoundError) as e:
                 con.print(f"no baseline: git archive {a.baseline} failed ({e}); this tree alone")
         colds: dict[str, list[float]] = {k: [] for k in trees}
+        cold_cpu: dict[str, list[float]] = {k: [] for k in trees}
         warms: dict[str, list[float]] = {k: [] for k in trees}
+        warm_cpu: dict[str, list[float]] = {k: [] for k in trees}
         heavy: dict[str, list[str]] = {}
         tops: dict[str, list[dict]] = {}
         plans = 0
         for _ in range(a.runs):  # alternate the trees so both see the same load
             for name, tree in trees.items():
-                wall, heavy[name] = cold(tree)
+                wall, cpu, heavy[name] = cold(tree)
                 colds[name].append(wall)
+                cold_cpu[name].append(cpu)
                 w = warm(tree)
                 warms[name].append(statistics.median(w["times"]))
+                warm_cpu[name].append(statistics.median(w["cpu"]))
                 tops[name], plans = w["top"], w["plans"]
-        t = Table("tree", "cold rank s (median)", "best", "warm s (median)", f"warm plans/s ({plans:,} plans)",
-                  "heavy imports", title="Llama-3.1-70B DPO on 512 H100, global batch 1024, seq 4096")
+        med = statistics.median
+        t = Table("tree", "cold s (median)", "best", "cold CPU s", "warm s (median)",
+                  f"warm plans/s ({plans:,} plans)", "warm CPU s", "heavy imports",
+                  title="Llama-3.1-70B DPO on 512 H100, global batch 1024, seq 4096 (medians)")
         for name in trees:
-            t.add_row(name, f"{statistics.median(colds[name]):.2f}", f"{min(colds[name]):.2f}",
-                      f"{statistics.median(warms[name]):.3f}", f"{plans / statistics.median(warms[name]):,.0f}",
+            t.add_row(name, f"{med(colds[name]):.2f}", f"{min(colds[name]):.2f}", f"{med(cold_cpu[name]):.2f}",
+                      f"{med(warms[name]):.3f}", f"{plans / med(warms[name]):,.0f}", f"{med(warm_cpu[name]):.3f}",
                       ", ".join(heavy[name]) or "none")
         con.print(t)
         if len(trees) == 2:
