@@ -9,6 +9,7 @@ plans are deduplicated by kernel shape and predicted in one batch per family."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from perfpredict.core.frameworks import RUNTIMES
@@ -348,29 +349,25 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     shapes, of_row = distinct_rows(_base(desc).drop("row"))
     q = _queries(shapes.with_row_index("row"))
     keys = list(KERNEL_KEYS) + ["family"]
-    uniq = q.select(keys).unique()
-    prepared = kernels.prepare(uniq)
-    uniq = uniq.with_columns(kt=pl.Series(kernels.predict_prepared(prepared)))
-    q = q.join(uniq, on=keys, how="left", nulls_equal=True)
+    # Each distinct kernel is predicted once; the group lists the queries that ask for it.
+    groups = q.select(keys).with_row_index("_q").group_by(keys).agg("_q")
+    kt = np.empty(q.height)
+    kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict(groups.drop("_q")),
+                                                      groups["_q"].list.len().to_numpy())
+    q = q.with_columns(kt=pl.Series(kt))
     timed = c("part") == "compute"
-    q = q.with_columns(bwd=pl.when(timed).then(
+    work = c("kt") * c("count")
+    bwd = pl.when(timed).then(
         pl.when(c("family") == "membound").then(0.5)
         .otherwise(c("pass_").replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64))
-    ).otherwise(0.0) * c("kt") * c("count"))
-    parts = (q.group_by("row", "part").agg(s=(c("kt") * c("count")).sum())
-             .pivot(on="part", index="row", values="s"))
-    bwd = q.group_by("row").agg(
-        k_bwd_s=c("bwd").sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum(),
-        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(c("kt") * c("count")).otherwise(0.0).sum()
-           for f in TRL_FAMILIES})
-    for p in (*PARTS, "dpgather", "trlfold"):
-        if p not in parts.columns:
-            parts = parts.with_columns(pl.lit(0.0).alias(p))
-    parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")])
-    out = (desc.with_columns(row=pl.Series(of_row, dtype=pl.UInt32)).join(parts, on="row", how="left")
-           .join(bwd, on="row", how="left").drop("row"))
-    return out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather", "trlfold")]
-                            + [c(k).fill_null(0.0) for k in ("k_bwd_s", *(f"k_{f}_s" for f in TRL_FAMILIES))])
+    ).otherwise(0.0) * work
+    sums = q.group_by("row").agg(
+        *[work.filter(c("part") == p).sum().alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")],
+        k_bwd_s=bwd.sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum(),
+        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0).sum() for f in TRL_FAMILIES})
+    sums = (pl.DataFrame({"row": np.arange(shapes.height, dtype=np.uint32)}).join(sums, on="row", how="left")
+            .drop("row").fill_null(0.0))
+    return desc.hstack(sums[of_row])
 
 
 def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float] | None = None) -> pl.DataFrame:
