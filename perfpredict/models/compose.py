@@ -304,14 +304,19 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
     defaults, LAUNCH_FLOOR_S and TRL_CALIBRATION."""
     floors = launch_floor or LAUNCH_FLOOR_S
     cal = {**TRL_CALIBRATION, **(trl_calibration or {})}
-    out = _compose(desc, kernels, floors, cal)
     if not canonical:
-        return out
+        return _compose(desc, kernels, floors, cal)
     # Many plans share one canonical plan: each distinct one is described and composed once (models.shapes). The
     # descriptors are recomputed from the scenario columns, so those alone tell canonical plans apart.
     flat = _canonical_flat(desc)
     shapes, of_row = distinct_rows(flat, [k for k in flat.columns if not k.startswith(("d_", "k_", "kc_"))])
-    canon = _compose(describe(shapes), kernels, floors, cal)[of_row]
+    canon = describe(shapes)
+    try:  # the plans and their canonical plans ask the kernel models together: one query, one prediction each
+        both = _kernel_parts(pl.concat([desc, canon.select(desc.columns)], how="vertical"), kernels)
+        out, canon = _assemble(both.head(desc.height), floors, cal), _assemble(both.tail(canon.height), floors, cal)
+    except (pl.exceptions.SchemaError, pl.exceptions.ColumnNotFoundError):  # a frame the canonical one differs from
+        out, canon = _compose(desc, kernels, floors, cal), _compose(canon, kernels, floors, cal)
+    canon = canon[of_row]
     return out.with_columns(
         kc_step_s=canon["k_step_s"], **{f"kc_{p}_frac": canon[f"k_{p}_frac"] for p in (*PARTS, "launch")})
 
