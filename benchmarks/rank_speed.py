@@ -122,6 +122,8 @@ def main() -> None:
     ap.add_argument("--baseline", default=PREVIOUS_RELEASE, help="git commit to compare with ('' for none)")
     ap.add_argument("--runs", type=int, default=5, help="cold runs and warm processes per tree")
     ap.add_argument("--no-cases", action="store_true", help="skip the plans/s-by-size table")
+    ap.add_argument("--source-only", action="store_true",
+                    help="do not compile bytecode first (with PYTHONDONTWRITEBYTECODE set, every run compiles)")
     a = ap.parse_args()
     con = Console(width=120)
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,6 +133,10 @@ def main() -> None:
                 trees[f"previous ({a.baseline})"] = _export(a.baseline, Path(tmp))
             except (subprocess.CalledProcessError, FileNotFoundError) as e:
                 con.print(f"no baseline: git archive {a.baseline} failed ({e}); this tree alone")
+        if not a.source_only:  # as an installed package runs: pip compiles the bytecode at install time
+            for tree in trees.values():
+                subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "perfpredict")], check=True,
+                               capture_output=True)
         colds: dict[str, list[float]] = {k: [] for k in trees}
         cold_cpu: dict[str, list[float]] = {k: [] for k in trees}
         warms: dict[str, list[float]] = {k: [] for k in trees}
@@ -163,7 +169,8 @@ def main() -> None:
                       f"top 20 plans and predictions identical: {same_top(tops[old], tops[new])}")
         con.print(f"targets: cold < 1.0 s ({'met' if statistics.median(colds['this tree']) < 1.0 else 'NOT met'}), "
                   f"warm >= 50,000 plans/s ({'met' if plans / statistics.median(warms['this tree']) >= 50_000 else 'NOT met'})"
-                  f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+                  f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+                  + ("; bytecode compiled first, as pip does" if not a.source_only else "; from source"))
     if a.no_cases:
         return
     t = Table("model", "GPUs", "global batch", "plans", "rank s (median of 3)", "plans/s", title="warm, this tree")
