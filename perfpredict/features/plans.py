@@ -196,11 +196,11 @@ def plan_columns_frame(model: ModelSpec, cluster: Cluster, workload: Workload, s
     rows = list(_plan_fields(model, cluster, workload, space, rejections))
     cols = list(zip(*rows, strict=True)) if rows else [()] * len(PLAN_COLUMNS)
     data = {}
-    for (field, col), values in zip(PLAN_COLUMNS.items(), cols, strict=True):
-        if field == "stage_layers":
+    for (name, col), values in zip(PLAN_COLUMNS.items(), cols, strict=True):
+        if name == "stage_layers":
             text = {v: stage_layers_text(v) for v in set(values)}
             values = [text[v] for v in values]
-        data[col] = pl.Series(col, values, dtype=_PLAN_DTYPES[type(getattr(_DEFAULT_PLAN, field))])
+        data[col] = pl.Series(col, values, dtype=_PLAN_DTYPES[type(getattr(_DEFAULT_PLAN, name))])
     return pl.DataFrame(data)
 
 

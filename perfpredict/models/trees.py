@@ -88,11 +88,10 @@ class TreeEnsemble:
             dleft.append(np.asarray(t["default_left"], dtype=bool))
             depth = max(depth, _depth(left, right))
             offset += len(left)
-        cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dtype=dt))
-        threshold = cat(thr, np.float32)
-        return cls(base_score=base, roots=np.asarray(roots, dtype=np.int32), feature=cat(feats, np.int32),
-                   threshold=threshold, left=cat(lefts, np.int32), right=cat(rights, np.int32),
-                   default_left=cat(dleft, bool), value=threshold.copy(), depth=depth,
+        threshold = _cat(thr, np.float32)
+        return cls(base_score=base, roots=np.asarray(roots, dtype=np.int32), feature=_cat(feats, np.int32),
+                   threshold=threshold, left=_cat(lefts, np.int32), right=_cat(rights, np.int32),
+                   default_left=_cat(dleft, bool), value=threshold.copy(), depth=depth,
                    n_features=int(params["num_feature"]), source_crc32=zlib.crc32(raw))
 
     def save(self, path: Path | str) -> None:
@@ -171,6 +170,10 @@ def _distinct_rows(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows = np.ascontiguousarray(X).view(np.dtype((np.void, X.dtype.itemsize * X.shape[1]))).ravel()
     _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
     return first, inverse.reshape(-1)
+
+
+def _cat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
 
 
 def _depth(left: np.ndarray, right: np.ndarray) -> int:
