@@ -37,7 +37,9 @@ def test_shipped_models_predict_bit_identically_to_xgboost(path):
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(default_path())))
 def test_shipped_exports_are_those_of_their_json(path):
     npz = TreeEnsemble.load(trees_path(path))
-    assert npz.source_crc32 == zlib.crc32(path.read_bytes())
+    assert npz.source_crc32 == zlib.crc32(path.read_bytes()), (
+        f"{trees_path(path).name} was exported from another {path.name} (a retrained or merged bundle); refresh the "
+        "exports: python -m perfpredict.models.trees perfpredict/predictor/default")
     fresh = TreeEnsemble.from_json_bytes(path.read_bytes())
     for name in ("roots", "feature", "threshold", "left", "right", "default_left", "value"):
         assert np.array_equal(getattr(npz, name), getattr(fresh, name)), name
