@@ -20,6 +20,11 @@ def distinct_rows(df: pl.DataFrame, keys: list[str] | None = None) -> tuple[pl.D
     keys = list(df.columns if keys is None else keys)
     if df.height < 2 or not keys:
         return df, np.arange(df.height)
+    # Columns with one value tell no rows apart (a ranking's model, cluster and workload): leave them out of the key.
+    counts = df.select(pl.col(keys).n_unique()).row(0)
+    keys = [k for k, n in zip(keys, counts, strict=True) if n > 1]
+    if not keys:
+        return df.head(1), np.zeros(df.height, dtype=np.int64)
     ids = df.select(pl.struct(keys).rank("dense").alias(ROW)).to_series().to_numpy().astype(np.int64) - 1
     first = np.full(int(ids.max()) + 1, df.height, dtype=np.int64)
     np.minimum.at(first, ids, np.arange(df.height))
