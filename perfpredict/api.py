@@ -24,15 +24,17 @@ if TYPE_CHECKING:
 
 
 def make_cluster(*, gpu: str, gpus: int, gpus_per_node: int = 8, intra_node_bw: float = 0.0,
-                 inter_node_bw: float = 0.0) -> Cluster:
+                 inter_node_bw: float = 0.0, host_ram_gib: float = 0.0) -> Cluster:
     check_str("gpu", gpu)
+    check_number("host-ram-gib (GiB per node; 0 = the GPU's node default)", host_ram_gib, 0.0, 1e7)
     check_int("gpus", gpus, 1, MAX_GPUS_PER_NODE * MAX_NODES)
     check_int("gpus-per-node", gpus_per_node, 1, MAX_GPUS_PER_NODE)
     check_number("intra-node-bw (GB/s; 0 = the GPU's)", intra_node_bw, 0.0, 1e5)
     check_number("inter-node-bw (GB/s; 0 = the GPU's)", inter_node_bw, 0.0, 1e5)
     gpn, nodes = node_shape(gpus, gpus_per_node, gpus_name="--gpus", per_node_name="--gpus-per-node")
     return Cluster(gpu=get_gpu(gpu), gpus_per_node=gpn, nodes=nodes,
-                   intra_node_bw_gb_per_s=intra_node_bw, inter_node_bw_gb_per_s=inter_node_bw)
+                   intra_node_bw_gb_per_s=intra_node_bw, inter_node_bw_gb_per_s=inter_node_bw,
+                   host_ram_gib_per_node=host_ram_gib)
 
 
 def legal_plans(*, model: str, gpu: str, gpus: int, gpus_per_node: int = 8, global_batch: int = 64,
@@ -119,9 +121,10 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
                 inter_node_bw: float = 0.0, objective: str = "dpo", dataset_size: int = 0, epochs: float = 1.0,
                 seq_len: int = 2048, global_batch: int = 64, reference: str = "", precision: str = "bf16",
                 frameworks: list[str] | None = None, target_samples_per_s: float = 0.0,
-                predictor: Path | str | None = None) -> RankReport:
-    """Everything `perfpredict rank` prints: the ranking plus notes (target met or not, what would fit)."""
-    from perfpredict.predictor.rank import fewest_gpus, rank_plans, what_would_fit
+                predictor: Path | str | None = None, host_ram_gib: float = 0.0) -> RankReport:
+    """Everything `perfpredict rank` prints: the ranking plus notes (target met or not, what would fit).
+    gpus=None: the fewest GPUs with a fitting plan (meeting target_samples_per_s when it is set)."""
+    from perfpredict.predictor.rank import fewest_gpus, host_ram_refused, rank_plans, ranking_notes, what_would_fit
 
     check_number("target pairs/s", target_samples_per_s, 0.0, 1e12)
     if gpus is not None:
@@ -134,17 +137,28 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
     notes: list[str] = []
     if gpus is None:
         base = make_cluster(gpu=gpu, gpus=gpus_per_node, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
-                            inter_node_bw=inter_node_bw)
-        r = fewest_gpus(model=m, cluster=base, workload=w, target_samples_per_s=target_samples_per_s, space=space,
-                        bundle=b)
-        if r is None:
-            raise PerfPredictError(f"no cluster of up to 128 nodes of {gpu} reaches {target_samples_per_s:g} "
-                                   "samples/s for this workload")
-        notes.append(f"fewest GPUs meeting {target_samples_per_s:g}/s: {r.cluster.gpus} "
-                     f"({r.cluster.nodes} node(s) of {r.cluster.gpus_per_node})")
-        return RankReport(ranking=r, notes=notes)
+                            inter_node_bw=inter_node_bw, host_ram_gib=host_ram_gib)
+        found = fewest_gpus(model=m, cluster=base, workload=w, target_samples_per_s=target_samples_per_s,
+                            space=space, bundle=b)
+        unit = "pairs" if w.is_preference else "samples"
+        tried = f"{len(found.tried)} cluster sizes tried, {min(found.tried):,} to {max(found.tried):,} GPUs"
+        if found.ranking is None:
+            raise PerfPredictError(f"no plan fits on up to {max(found.tried):,} {gpu} GPUs ({tried})")
+        r = found.ranking
+        where = f"{r.cluster.gpus:,} ({r.cluster.nodes} node(s) of {r.cluster.gpus_per_node})"
+        best = r.fitting["samples_per_s"][0]
+        if found.met and target_samples_per_s > 0:
+            notes.append(f"fewest GPUs meeting {target_samples_per_s:g} {unit}/s: {where}; best plan "
+                         f"{num(best)} {unit}/s")
+        elif found.met:
+            notes.append(f"fewest GPUs with a plan that fits: {where}; best plan {num(best)} {unit}/s "
+                         "(--target-pairs-per-s asks for a throughput)")
+        else:
+            notes.append(f"target {target_samples_per_s:g} {unit}/s NOT reached: the best found is {num(best)} "
+                         f"{unit}/s on {where} GPUs ({tried}); {found.stopped}")
+        return RankReport(ranking=r, notes=[*ranking_notes(r), *notes])
     cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
-                           inter_node_bw=inter_node_bw)
+                           inter_node_bw=inter_node_bw, host_ram_gib=host_ram_gib)
     try:
         r = rank_plans(model=m, cluster=cluster, workload=w, space=space, bundle=b)
     except PerfPredictError as e:
@@ -152,13 +166,15 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
         if count_note is None:
             raise
         raise PerfPredictError(f"{e}; {count_note}") from None
+    notes += ranking_notes(r)  # offload plans refused for host RAM, #1's stall risk
     # The ranking's table holds every legal plan: the note need not enumerate them again.
     count_note = gpu_count_note(model=m, cluster=cluster, workload=w, space=space, gpus_per_node=gpus_per_node,
                                 legal_plans=r.table.height)
     if count_note is not None:
         notes.append(count_note)
     if r.fitting.height == 0:
-        tips = what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b, gpus_per_node=gpus_per_node)
+        tips = what_would_fit(model=m, cluster=cluster, workload=w, space=space, bundle=b, gpus_per_node=gpus_per_node,
+                              more_host_ram=host_ram_refused(r) > 0)
         if tips:
             notes.append("nothing fits on this cluster. What would:")
             notes += ["  " + t for t in tips]
@@ -313,7 +329,8 @@ def catalog_rows(*, kind: str) -> list[dict[str, str]]:
     if kind == "gpus":
         return [{"name": g.name, "memory GiB": f"{g.memory_gib:g}", "bf16 TFLOP/s": f"{g.bf16_tflops:g}",
                  "HBM TB/s": f"{g.hbm_tb_per_s:g}", "intra GB/s": f"{g.intra_node_bw_gb_per_s:g}",
-                 "inter GB/s": f"{g.inter_node_bw_gb_per_s:g}"}
+                 "inter GB/s": f"{g.inter_node_bw_gb_per_s:g}",
+                 "node host RAM GiB": f"{g.node_host_ram_gib:,.0f}" if g.node_host_ram_gib else "-"}
                 for g in sorted(gpu_catalog().values(), key=lambda g: g.name)]
     if kind == "models":
         return [{"name": m.name, "params (B)": f"{m.param_count / 1e9:.2f}", "layers": str(m.layers),

@@ -57,6 +57,61 @@ def test_rank_gpus_auto_finds_a_cluster():
     assert "fewest GPUs meeting" in r.output
 
 
+def test_rank_gpus_auto_without_a_target_answers_the_fewest_that_fit():
+    r = runner.invoke(app, ["rank", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--gpus", "auto",
+                            "--framework", "megatron", "--global-batch", "64", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if "fewest GPUs with a plan that fits" in x)
+    gpus = int(line.split("fits: ")[1].split(" ")[0])
+    assert gpus > 1 and "headroom" in r.output
+    # One size smaller has no fitting plan: the answer is the fewest.
+    smaller = runner.invoke(app, ["rank", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--gpus", str(gpus // 2),
+                                  "--framework", "megatron", "--global-batch", "64", "--top", "1"])
+    assert smaller.exit_code == 0 and "0 predicted to fit" in smaller.output, smaller.output
+
+
+def test_rank_gpus_auto_unreachable_target_says_the_best_found():
+    r = runner.invoke(app, ["rank", "--model", "llama-3.2-1b", "--gpu", "a100-sxm-80gb", "--gpus", "auto",
+                            "--objective", "sft", "--global-batch", "64", "--seq-len", "1024",
+                            "--target-pairs-per-s", "1e9", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    assert "NOT reached: the best found is" in r.output and "out of reach" in r.output
+
+
+def test_offload_plans_show_and_check_host_ram(tmp_path):
+    """Issue 21: 70B DPO on 4 RTX 4090 was recommended ZeRO-3 parameter + optimizer offload needing ~1.2 TB of host
+    RAM. On the catalog's 256 GiB GeForce node it is refused, saying why; on a 2 TiB node it is a legal plan again
+    and carries what it needs."""
+    args = ["rank", "--model", "llama-3.1-70b", "--gpu", "rtx-4090", "--gpus", "4", "--framework", "deepspeed",
+            "--reference", "precomputed", "--top", "3"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "offload plan(s) refused" in r.output and "the node has 256 GiB" in r.output
+    table = tmp_path / "all.csv"
+    big = runner.invoke(app, args + ["--host-ram-gib", "2048", "--csv", str(table)])
+    assert big.exit_code == 0, big.output
+    rows = list(csv.DictReader(io.StringIO(table.read_text())))
+    both = [x for x in rows if x["p_param_offload"] == "true"]
+    assert both and all(1000 < float(x["host_ram_gib"]) <= 2048 for x in both)
+    assert all(float(x["host_ram_gib"]) == 0.0 for x in rows if x["p_offload"] == "false")
+
+
+def test_rank_shows_headroom_and_host_ram():
+    """8B DPO on one RTX 4090 fits only with ZeRO-3 offload (about 150 GiB of host RAM): the table shows it beside
+    the GPU headroom; a 64 GiB node refuses those plans."""
+    args = ["rank", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--gpus", "1", "--framework", "deepspeed",
+            "--reference", "precomputed", "--top", "3"]
+    r = runner.invoke(app, args + ["--json", "-"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    assert all(x["headroom_gib"] == pytest.approx(24.0 - x["peak_memory_gib"]) for x in rows)
+    assert any(x["fits"] and 100 < x["host_ram_gib"] < 256 for x in rows)
+    table = runner.invoke(app, args)
+    assert "headroom" in table.output and "host GiB" in table.output
+    small = runner.invoke(app, args + ["--host-ram-gib", "64"])
+    assert small.exit_code == 0 and "the node has 64 GiB" in small.output, small.output
+
+
 def test_nothing_fits_says_what_would():
     r = runner.invoke(app, ["rank", "--model", "llama-3.1-8b", "--gpu", "rtx-4090", "--gpus", "1",
                             "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "4096"])
@@ -73,7 +128,7 @@ def test_nothing_fits_says_what_would():
     (["--gpu", "h100"], "close names"),
     (["--model", "llama-99b"], "unknown model"),
     (["--gpus", "-3"], "--gpus must be a positive integer or 'auto'"),
-    (["--gpus", "auto"], "--gpus auto needs --target-pairs-per-s"),
+    (["--host-ram-gib", "-1"], "--host-ram-gib"),
     (["--json", "-", "--csv", "-"], "both write to stdout"),
     (["--objective", "simpo", "--reference", "live"], "has no reference model"),
     (["--global-batch", "0"], "global_batch must be an integer in 1..16777216"),
@@ -153,6 +208,8 @@ def test_emit_targets_parse_back(tmp_path, target, framework):
         elif name.endswith(".yaml"):
             d = yaml.safe_load(text)
             assert d["num_processes"] == 16 and d["num_machines"] == 2
+        elif name == "nemo_aligner_overrides.txt":  # the DPO trainer on Megatron (NeMo-Aligner)
+            assert f"++model.tensor_model_parallel_size={best['p_tp']}" in text
         elif name.endswith(".txt"):
             toks = shlex.split("\n".join(line for line in text.splitlines() if not line.startswith("#")))
             assert toks[toks.index("--tensor-model-parallel-size") + 1] == str(best["p_tp"])

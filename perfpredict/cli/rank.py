@@ -37,13 +37,18 @@ from perfpredict.core.formatting import hours, num
 
 
 def plan_table(df: pl.DataFrame, unit: str, title: str) -> Table:
+    """The ranked plans; "headroom" is GPU memory minus the predicted peak, "host GiB" what an offload plan's
+    node pins in host RAM (a column only when a shown plan offloads)."""
+    host = "host_ram_gib" in df.columns and bool((df["host_ram_gib"] > 0).any())
     t = Table(title=title)
-    for h in ("#", "plan", f"{unit}/s", "finish", "peak GiB [90%]", "MFU", "dominated by"):
+    heads = ["#", "plan", f"{unit}/s", "finish", "peak GiB [90%]", "headroom"] + (["host GiB"] if host else [])
+    for h in [*heads, "MFU", "dominated by"]:
         t.add_column(h, justify="right" if h not in ("plan", "dominated by") else "left")
     for r in df.iter_rows(named=True):
+        extra = [(f"{r['host_ram_gib']:,.0f}" if r["host_ram_gib"] > 0 else "-")] if host else []
         t.add_row(str(r["rank"]), r["plan"], num(r["samples_per_s"]), hours(r["time_to_finish_h"]),
                   f"{r['peak_memory_gib']:.1f} [{r['peak_memory_lo_gib']:.1f}-{r['peak_memory_hi_gib']:.1f}]",
-                  f"{100 * r['mfu']:.0f}%", r["dominant"])
+                  f"{r['headroom_gib']:.1f}", *extra, f"{100 * r['mfu']:.0f}%", r["dominant"])
     return t
 
 
@@ -51,8 +56,11 @@ def plan_table(df: pl.DataFrame, unit: str, title: str) -> Table:
 def rank_cmd(
     model: ModelOpt,
     gpu: GpuOpt,
-    gpus: Annotated[str, typer.Option(help="total GPUs, or 'auto' with --target-pairs-per-s")] = "8",
+    gpus: Annotated[str, typer.Option(help="total GPUs, or 'auto': the fewest with a plan that fits (that meets "
+                                           "--target-pairs-per-s when given)")] = "8",
     gpus_per_node: GpusPerNodeOpt = 8,
+    host_ram_gib: Annotated[float, typer.Option(help="host RAM per node in GiB, which offload plans must fit in "
+                                                     "(default: the GPU's usual node, e.g. DGX H100 2,048)")] = 0.0,
     intra_node_bw: IntraBwOpt = 0.0,
     inter_node_bw: InterBwOpt = 0.0,
     objective: ObjectiveOpt = "dpo",
@@ -69,7 +77,7 @@ def rank_cmd(
     json_out: JsonOpt = None,
     csv_out: CsvOpt = None,
     plot: Annotated[Path | None, typer.Option(help="memory vs throughput PNG with the Pareto front")] = None,
-    emit: Annotated[str | None, typer.Option(help="deepspeed | fsdp | megatron | trl | torchrun: configs for #1")] = None,
+    emit: Annotated[str | None, typer.Option(help="deepspeed | fsdp | fsdp2 | megatron | trl | torchrun: configs for #1")] = None,
     emit_dir: EmitDirOpt = Path("perfpredict-plan"),
     predictor: PredictorOpt = None,
 ) -> None:
@@ -84,8 +92,7 @@ def rank_cmd(
         raise PerfPredictError(f"--gpus must be a positive integer or 'auto', got {gpus!r}")
     check_int("--top", top, 1, 1 << 30)
     check_number("--target-pairs-per-s", target_pairs_per_s, 0.0, 1e12)
-    if gpus == "auto" and target_pairs_per_s <= 0:
-        raise PerfPredictError("--gpus auto needs --target-pairs-per-s")
+    check_number("--host-ram-gib (0 = the GPU's node default)", host_ram_gib, 0.0, 1e7)
     check_outputs(json_out=json_out, csv_out=csv_out, plot=plot)
     if emit is not None:
         check_emit_target(target=emit, frameworks=framework)
@@ -95,7 +102,7 @@ def rank_cmd(
                       intra_node_bw=intra_node_bw, inter_node_bw=inter_node_bw, objective=objective,
                       dataset_size=pairs, epochs=epochs, seq_len=seq_len, global_batch=global_batch,
                       reference=reference, precision=precision, frameworks=framework,
-                      target_samples_per_s=target_pairs_per_s, predictor=predictor)
+                      target_samples_per_s=target_pairs_per_s, predictor=predictor, host_ram_gib=host_ram_gib)
     r = rep.ranking
     unit = "pairs" if r.workload.is_preference else "samples"
     fit = r.fitting

@@ -40,6 +40,22 @@ Sources read (cited as repo:path, the `search` tool's code/docs corpora):
 - perfpredict collect's harness (perfpredict/collect/harness/parallel.py, torchtitan-like, PyTorch-native): DDP, FSDP2
   (zero 2/3; zero 1 runs as 2), DTensor TP (+SP, not with MoE), 2-D TP x FSDP, torch.distributed.pipelining alone
   (tp = dp = 1) with GPipe or 1F1B and an even split; no CP, no offload. Its rows are recorded as framework "fsdp".
+- FSDP2 + TP on DTensor, launched by torchrun without accelerate (`fsdp2`): torchtitan's parallelize (fully_shard
+  per transformer block over the dp mesh, DTensor tensor/sequence parallelism over the tp mesh; activation
+  checkpointing `full` per block or `selective` per op: pytorch/torchtitan torchtitan/distributed/
+  activation_checkpoint.py:185-192, 269-273 saves matmul, attention and reduce-scatter outputs except every second
+  matmul, and recomputes the rest) for pretraining; NeMo-RL's DTensor policy worker for SFT and DPO (NVIDIA/NeMo-RL
+  nemo_rl/models/policy/dtensor_policy_worker.py:172-195: a (dp, tp) device mesh, `_parallelize_model` with
+  sequence_parallel and cpu_offload; nemo_rl/models/dtensor/parallelize.py:467-469 checkpoints only each layer's
+  MLP, which is not modelled, so its plans rank without recompute).
+- Which objectives run where (`Trainer`, Capability.trainers): a plan of a framework is ranked for an objective only
+  where one of its trainers runs that objective, with that trainer's own restrictions and reference handling.
+  Megatron-LM's pretrain_gpt.py trains the causal-LM loss only; preference objectives on Megatron run under
+  NeMo-Aligner's DPO trainer (dpo, ipo and rpo losses; distributed_fused_adam, no ZeRO-2/3 or optimizer offload; the
+  reference's weights kept on the host and swapped in to score each global batch, `cpu_weight_swap`). NeMo-RL's DPO
+  keeps the reference state dict in pinned host memory and copies it into the model for the reference log-probs
+  (dtensor_policy_worker.py:207-214 and use_reference_model, :621-657). nanotron has no preference trainer. TRL's
+  trainers (and the TRL/accelerate DeepSpeed and FSDP launches) run every objective of core.objectives.
 """
 
 from __future__ import annotations
@@ -57,6 +73,63 @@ if TYPE_CHECKING:
 EVEN = "even"  # every stage the same number of layers
 FIRST_LAST = "first_last"  # Megatron: first/last stage counts given, middle stages even
 BALANCED = "balanced"  # nanotron / torchtitan: as even as possible, embedding and head counted as work
+
+
+# How a framework's `recompute selective` recomputes, in forward passes per micro-batch and layer (the composition
+# and the FLOP count read these): Megatron/nanotron recompute the core attention (softmax, dropout, the attention
+# product: Korthikanti et al. 2022, megatron/core/transformer/transformer_config.py recompute_granularity
+# "selective", recompute_modules ["core_attn"]); torchtitan's per-op SAC keeps matmul and attention outputs except
+# every second matmul, so it recomputes half the matmuls and every elementwise op, never attention
+# (torchtitan/distributed/activation_checkpoint.py:269-273).
+@dataclass(frozen=True)
+class SelectiveRecompute:
+    gemm_fwd: float = 0.0  # share of the layer's forward matmuls recomputed
+    attention_fwd: float = 1.0  # attention forwards recomputed
+    elementwise_fwd: float = 0.0  # elementwise (norm, activation, residual) forwards recomputed
+
+    def __post_init__(self) -> None:
+        for f in ("gemm_fwd", "attention_fwd", "elementwise_fwd"):
+            v = getattr(self, f)
+            if not 0.0 <= v <= 1.0:
+                raise PerfPredictError(f"selective recompute {f} must be a share in [0, 1], got {v!r}")
+
+
+CORE_ATTENTION = SelectiveRecompute()
+EVERY_OTHER_MATMUL = SelectiveRecompute(gemm_fwd=0.5, attention_fwd=0.0, elementwise_fwd=1.0)
+
+# Reference handling a trainer may impose (core.workload's reference modes).
+AS_ASKED = ""  # the workload's own (live / offloaded / precomputed)
+HOST_SWAP = "offloaded"  # weights in host memory, swapped in to score a batch without a gradient
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A real program that trains some objectives on a framework's plans, with its own limits. Capability.trainers
+    lists them; a (framework, objective) pair is ranked only where one of them runs it (trainer_refusal)."""
+
+    name: str
+    objectives: tuple[str, ...]
+    zero_stages: tuple[int, ...] | None = None  # None: what the framework allows
+    optimizer_offload: bool = True
+    recompute: tuple[str, ...] | None = None  # None: what the framework allows
+    recompute_why: str = ""  # the clause refusing a recompute it lacks
+    reference: str = AS_ASKED  # how a live reference is held (HOST_SWAP: the trainer swaps it in from host memory)
+    # Host<->GPU copies of the rank's resident weights per reference scoring (once per global batch) when it swaps
+    # them: NeMo-Aligner's cpu_weight_swap (NVIDIA/NeMo-Aligner nemo_aligner/utils/utils.py swap_dict: the policy's
+    # state dict to host, the reference's in, the policy's back) and NeMo-RL's use_reference_model
+    # (dtensor_policy_worker.py:621-657) both make three.
+    reference_swap_copies: int = 0
+    emit: str = ""  # what `--emit` writes for it (messages)
+    config: str = ""  # which config emit writes for it (predictor.emit reads it: "torchtitan", "nemo-rl" ...)
+
+    def __post_init__(self) -> None:
+        from perfpredict.core.objectives import OBJECTIVES
+
+        bad = [o for o in self.objectives if o not in OBJECTIVES]
+        if not self.objectives or bad:
+            raise PerfPredictError(f"trainer {self.name}: objectives must be among {', '.join(OBJECTIVES)}, got {bad}")
+        if self.reference not in (AS_ASKED, HOST_SWAP):
+            raise PerfPredictError(f"trainer {self.name}: reference must be {AS_ASKED!r} or {HOST_SWAP!r}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +170,15 @@ class Capability:
     launcher: str = "accelerate"  # how emitted scripts start it: "torchrun" (Megatron) or "accelerate launch"
     emit_writes: str = ""  # what its own `--emit` target writes (messages)
     notes: tuple[str, ...] = field(default=())
+    selective: SelectiveRecompute = CORE_ATTENTION  # what `recompute selective` recomputes
+    trainers: tuple[Trainer, ...] = ()  # () = every objective, as the workload asks (TRL's trainers)
+
+    def trainer_for(self, objective: str) -> Trainer | None:
+        """The first trainer that runs `objective` on this framework (None: none does). A framework without a
+        trainer list runs every objective itself."""
+        if not self.trainers:
+            return Trainer(self.display, (objective,))
+        return next((t for t in self.trainers if objective in t.objectives), None)
 
     def zero_choices(self, *, tp: int, pp: int, dp: int, offload: bool) -> tuple[int, ...]:
         """ZeRO stages this framework can run on this layout (offload: only those offload works with)."""
@@ -116,6 +198,13 @@ class Capability:
 _FSDP_ZERO = "FSDP shards gradients and optimizer state at least: zero must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD)"
 _DS_OFFLOAD = "DeepSpeed optimizer offload needs ZeRO stage 1 or more"
 _HF = dict(tp=False, pp=False, cp=False, ep=False, recompute=("none", "full"))
+_MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit="Megatron-LM arguments",
+                       config="megatron-lm")
+# NeMo-Aligner's Megatron DPO trainer: preference_loss dpo / ipo / rpo_*, distributed_fused_adam (ZeRO-1-like), the
+# reference on the host swapped in per global batch (cpu_weight_swap); what `--emit torchrun` writes for it.
+_NEMO_ALIGNER_DPO = Trainer("NeMo-Aligner DPO (examples/nlp/gpt/train_gpt_dpo.py)", ("dpo", "ipo"),
+                            zero_stages=(0, 1), optimizer_offload=False, reference=HOST_SWAP, reference_swap_copies=3,
+                            emit="NeMo-Aligner overrides (target torchrun)", config="nemo-aligner")
 
 CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
     Capability(
@@ -124,12 +213,14 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
         zero_single_replica=(0, 1), optimizer_offload_zero=(1, 2, 3), recompute=("none", "selective", "full"),
         emit_target="megatron", family="3d", launcher="torchrun", emit_writes="Megatron-LM arguments",
         notes=("zero 1 = distributed optimizer; zero 2/3 through Megatron-FSDP (not with pp)",
-               "optimizer CPU offload needs the distributed optimizer (zero >= 1), any dp including 1")),
+               "optimizer CPU offload needs the distributed optimizer (zero >= 1), any dp including 1"),
+        trainers=(_MEGATRON_LM, _NEMO_ALIGNER_DPO)),
     Capability(
         "nanotron", "nanotron", tp=True, sequence_parallel=True, pp=True, schedules=("1f1b", "gpipe"),
         stage_split=BALANCED, cp=False, ep=True, zero_stages=(0, 1), zero_with_pp=(0, 1),
         recompute=("none", "selective", "full"), emit_target=None, family="3d",
-        notes=("reads its own YAML config: no --emit target",)),
+        notes=("reads its own YAML config: no --emit target",),
+        trainers=(Trainer("nanotron run_train.py", ("pretrain", "sft")),)),
     Capability(
         "deepspeed", "DeepSpeed (as TRL/accelerate drive it)", **_HF, zero_stages=(0, 1, 2, 3),
         zero_single_replica=(0, 1, 2, 3), optimizer_offload_zero=(1, 2, 3), param_offload_zero=(3,),
@@ -142,6 +233,26 @@ CAPABILITIES: dict[str, Capability] = {c.name: c for c in [
         zero_refusal=_FSDP_ZERO,
         notes=("zero 2 = SHARD_GRAD_OP, 3 = FULL_SHARD; at dp 1 only with offload (fsdp_offload_params), which moves "
                "parameters, gradients and the optimizer step to the host",)),
+    Capability(
+        "fsdp2", "FSDP2 + TP on DTensor (torchtitan, NeMo-RL)", tp=True, sequence_parallel=True, pp=False, cp=False,
+        ep=False, zero_stages=(2, 3), zero_with_tp_dp=(2, 3), zero_single_replica=(0, 3), optimizer_offload_zero=(3,),
+        recompute=("none", "selective", "full"), selective=EVERY_OTHER_MATMUL, moe_sequence_parallel=False,
+        runtime="fsdp", family="zero", emit_target="fsdp2", launcher="torchrun",
+        emit_writes="a torchtitan configuration (pretraining) or NeMo-RL overrides (SFT, DPO)",
+        zero_refusal=_FSDP_ZERO,
+        notes=("fully_shard per transformer block over dp (zero 3; zero 2 = reshard_after_forward False), DTensor "
+               "TP/SP over tp; zero 0 only at dp 1 (TP alone); optimizer offload = CPUOffloadPolicy",
+               "recompute selective = torchtitan's per-op SAC (every second matmul and the elementwise ops "
+               "recomputed), full = every block"),
+        trainers=(Trainer("torchtitan (torchtitan/train.py)", ("pretrain",),
+                          emit="a torchtitan configuration module and launch.sh", config="torchtitan"),
+                  Trainer("NeMo-RL DTensor policy worker (examples/run_sft.py, examples/run_dpo.py)", ("sft", "dpo"),
+                          zero_stages=(0, 3), recompute=("none",),
+                          recompute_why=("NeMo-RL's DTensor worker checkpoints only each layer's MLP "
+                                         "(nemo_rl/models/dtensor/parallelize.py:467-469), which is not modelled: use "
+                                         "recompute none"),
+                          reference=HOST_SWAP, reference_swap_copies=3, emit="NeMo-RL overrides in launch.sh",
+                          config="nemo-rl"))),
     Capability(
         "harness", "perfpredict collect's PyTorch-native harness", tp=True, sequence_parallel=True, pp=True,
         schedules=("gpipe", "1f1b"), pp_alone=True, cp=False, ep=False, zero_stages=(0, 1, 2, 3), zero_with_pp=(0,),
@@ -200,8 +311,15 @@ class Runtime:
     frees_grads_each_step: bool = False  # the HF Trainer's zero_grad(set_to_none) frees gradients between steps
     own_grad_buffers: bool = False  # the engine keeps its own gradient buckets/partitions (DeepSpeed ZeRO 0-2)
     engine_step_host_work: bool = False  # an engine with per-step host work and per-module ZeRO-3 hooks (DeepSpeed)
+    # ZeRO-3 gathers in prefetch buckets of parameters (DeepSpeed: one all_gather_coalesced per submodule and per
+    # prefetch set, partitioned_param_coordinator.py:285-343, 380-413) rather than one message per wrapped block (FSDP)
+    zero3_prefetch_buckets: bool = False
     accelerate_activation_checkpointing: bool = False  # recompute is accelerate's plugin option, not transformers'
     accelerate_config_file: str = "accelerate_config.yaml"
+    # Host RAM of optimizer offload (features.memory.host_memory): FSDP's only offload, CPUOffload(offload_params),
+    # keeps the sharded parameters on the host too; DeepSpeed pins a 16-bit staging copy of the shard beside it.
+    offload_moves_params: bool = False
+    offload_16bit_host_buffer: bool = False
 
     def __post_init__(self) -> None:
         for f in ("master_clone_from_zero", "reduce_every_microbatch_from_zero", "reference_sharded_from_zero"):
@@ -214,11 +332,12 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
     Runtime("megatron", grad_reduce_fp32=True, grads_fp32=True, overlaps_grad_reduce=False, fused_vocab_ce=True),
     Runtime("nanotron", grad_reduce_fp32=True, grads_fp32=True, fused_vocab_ce=True),
     Runtime("deepspeed", master_clone_from_zero=1, reduce_every_microbatch_from_zero=2, reference_sharded_from_zero=3,
-            zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True),
+            zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True, zero3_prefetch_buckets=True,
+            offload_16bit_host_buffer=True),
     Runtime("fsdp", weights_fp32=True, grads_fp32=True, separate_master=False, reduce_every_microbatch_from_zero=2,
             zero2_keeps_unsharded=True, ddp_buckets_at_zero0=True, reference_sharded_from_zero=0,
             frees_grads_each_step=True, accelerate_activation_checkpointing=True,
-            accelerate_config_file="accelerate_fsdp.yaml"),
+            accelerate_config_file="accelerate_fsdp.yaml", offload_moves_params=True),
     Runtime("ddp", params_as_loaded=True, separate_master=False, ddp_buckets_at_zero0=True, frees_grads_each_step=True),
 ]}
 
@@ -243,6 +362,14 @@ TRL_FRAMEWORKS = tuple(n for n, c in CAPABILITIES.items() if c.family == "trl")
 # ZeRO-3 prefetch 0.9 hidden^2, persistence threshold 10 hidden), the 1e9 stage-3 limits of HF's examples. The
 # memory model reads the reuse distance (features.trl: what ZeRO-3 keeps gathered between forward and backward).
 STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+# transformers' "auto" stage3_prefetch_bucket_size: 0.9 x hidden^2 elements (integrations/deepspeed.py); DeepSpeed's
+# own default is 5e7 (deepspeed/runtime/zero/config.py:208). The coordinator prefetches whole parameters until the
+# bucket is reached (partitioned_param_coordinator.py:380-406), at most stage3_max_live_parameters (1e9, :381) alive.
+DS_PREFETCH_BUCKET_HIDDEN2 = 0.9
+# transformers' "auto" reduce_bucket_size: hidden^2 elements (DeepSpeed's own default 5e8, config.py:109): ZeRO 1-3
+# reduce gradients in buckets of that many elements (stage3.py:1258-1270 flushes the bucket when the next gradient
+# would overflow it).
+DS_REDUCE_BUCKET_HIDDEN2 = 1.0
 
 
 def zero_optimization(stage: int, *, optimizer_offload: bool = False, param_offload: bool = False) -> dict:
@@ -337,11 +464,58 @@ class Refusal:
     tally: str
 
 
-def refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None) -> Refusal | None:
+def trainer_refusal(plan: Plan, objective: str, *, framework: str | None = None) -> Refusal | None:
+    """None when one of the framework's trainers runs `objective` on this plan, else why not: no trainer runs the
+    objective, or the one that does cannot run the plan's ZeRO stage, offload or recompute."""
+    cap = capability(framework or plan.framework)
+    if not cap.trainers:  # runs every objective itself (TRL's trainers and the TRL-driven runtimes)
+        return None
+    t = cap.trainer_for(objective)
+    if t is None:
+        runs = "; ".join(f"{x.name}: {', '.join(x.objectives)}" for x in cap.trainers)
+        return Refusal(f"no {cap.display} trainer runs {objective} (its trainers: {runs})",
+                       f"{cap.name}: no trainer runs {objective}")
+    if t.zero_stages is not None and plan.zero not in t.zero_stages:
+        return Refusal(f"{t.name} runs zero {', '.join(map(str, t.zero_stages))}, not zero {plan.zero}",
+                       f"{cap.name}: its {objective} trainer runs no zero {plan.zero}")
+    if plan.optimizer_offload and not t.optimizer_offload:
+        return Refusal(f"{t.name} has no optimizer offload", f"{cap.name}: its {objective} trainer has no offload")
+    if t.recompute is not None and plan.recompute not in t.recompute:
+        return Refusal(t.recompute_why or f"{t.name} has no {plan.recompute} recompute",
+                       f"{cap.name}: its {objective} trainer has no {plan.recompute} recompute")
+    return None
+
+
+def reference_handling(framework: str, objective: str, reference: str) -> str:
+    """How the trainer that runs `objective` on `framework` holds a reference the workload asks for live: its own
+    way (NeMo-Aligner and NeMo-RL swap the weights in from host memory), else as asked."""
+    t = capability(framework).trainer_for(objective) if framework in CAPABILITIES else None
+    if reference == "live" and t is not None and t.reference:
+        return t.reference
+    return reference
+
+
+def reference_swap_copies(framework: str, objective: str) -> int:
+    """Copies of the rank's resident weights the trainer moves over PCIe per step to score with the reference
+    (0: it does not swap; an `offloaded` reference the user asked for then streams the weights once)."""
+    t = capability(framework).trainer_for(objective) if framework in CAPABILITIES else None
+    return t.reference_swap_copies if t is not None and capability(framework).trainers else 0
+
+
+def refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None,
+            objective: str | None = None) -> Refusal | None:
     """None when the framework (default: the plan's) can run the plan, else the Refusal of the first rule it breaks.
 
-    The one legality rule: why_not, check and the plan generator (features.plans) all read it. Checks the table
-    only; shape divisibility (tp | heads, cp | seq_len) stays with Scenario."""
+    The one legality rule: why_not, check and the plan generator (features.plans) all read it; with an objective
+    it also asks the framework's trainers (trainer_refusal). Checks the table only; shape divisibility (tp | heads,
+    cp | seq_len) stays with Scenario."""
+    r = _table_refusal(plan, model, framework=framework)
+    if r is None and objective is not None:
+        return trainer_refusal(plan, objective, framework=framework)
+    return r
+
+
+def _table_refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None) -> Refusal | None:
     cap = capability(framework or plan.framework)
     who, name = cap.display, cap.name
 
@@ -363,8 +537,9 @@ def refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str | None
                   f"{name} builds pipeline parallelism alone (tp = dp = 1)")
     if plan.recompute not in cap.recompute:
         if plan.recompute == "selective":
-            return no("selective recompute is Megatron/nanotron only; HF gradient checkpointing recomputes whole "
-                      "layers (use recompute full)", "selective recompute is Megatron/nanotron only")
+            sel = ", ".join(n for n, c in CAPABILITIES.items() if "selective" in c.recompute and c.rankable)
+            return no(f"selective recompute runs on {sel} only; HF gradient checkpointing recomputes whole layers "
+                      "(use recompute full)", "selective recompute: not with HF gradient checkpointing")
         return no(f"{who} has no {plan.recompute} recompute; accepted: {', '.join(cap.recompute)}",
                   f"{name} has no {plan.recompute} recompute")
     if plan.pp > 1 and plan.schedule not in cap.schedules:
@@ -448,15 +623,17 @@ def _model_refusal(cap: Capability, plan: Plan, model: ModelSpec) -> Refusal | N
     return None
 
 
-def why_not(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None) -> str | None:
-    """None when the framework (default: the plan's) can run the plan, else one clause saying why not."""
-    r = refusal(plan, model, framework=framework)
+def why_not(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None,
+            objective: str | None = None) -> str | None:
+    """None when the framework (default: the plan's) can run the plan (for `objective`, when given), else one clause
+    saying why not."""
+    r = refusal(plan, model, framework=framework, objective=objective)
     return r.reason if r else None
 
 
-def check(plan: Plan, model: ModelSpec | None = None) -> None:
+def check(plan: Plan, model: ModelSpec | None = None, *, objective: str | None = None) -> None:
     """Raise PerfPredictError naming why the plan's framework cannot run it."""
-    reason = why_not(plan, model)
+    reason = why_not(plan, model, objective=objective)
     if reason:
         raise PerfPredictError(f"{plan.framework} cannot run {plan.label()}: {reason}")
 
@@ -471,5 +648,6 @@ def table_rows() -> list[dict[str, object]]:
                     "zero (dp=1)": "/".join(map(str, c.zero_single_replica)),
                     "optimizer offload (zero)": "/".join(map(str, c.optimizer_offload_zero)) or "-",
                     "param offload (zero)": "/".join(map(str, c.param_offload_zero)) or "-",
-                    "recompute": "/".join(c.recompute), "ranked": c.rankable, "emit": c.emit_target or "-"})
+                    "recompute": "/".join(c.recompute), "ranked": c.rankable, "emit": c.emit_target or "-",
+                    "objectives": "/".join(o for t in c.trainers for o in t.objectives) or "all"})
     return out

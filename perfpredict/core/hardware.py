@@ -30,6 +30,10 @@ class GPUSpec:
     sms: int = 0
     l2_mib: float = 0.0
     pcie_gb_per_s: float = 0.0
+    # Host RAM of the node this accelerator usually comes in (DGX H100: 2 TiB), the default a cluster's offload
+    # plans are checked against (Cluster.host_ram_gib_per_node overrides it); 0 on CPU hosts, whose "device" memory
+    # already is host memory.
+    node_host_ram_gib: float = 0.0
     sources: tuple[str, ...] = field(default=())
     notes: str = ""
     # CPU hosts only: which measuring machine this entry describes (the fingerprint's cpu_model and its vector ISA
@@ -42,7 +46,7 @@ class GPUSpec:
         require(isinstance(self.vendor, str), f"gpu {self.name!r}: vendor must be a string")
         for f, hi in GPU_LIMITS.items():
             check_number(f"gpu {self.name!r}: {f}", getattr(self, f), 0.0, hi, lo_open=True)
-        for f in ("fp8_tflops", "l2_mib", "pcie_gb_per_s"):
+        for f in ("fp8_tflops", "l2_mib", "pcie_gb_per_s", "node_host_ram_gib"):
             check_number(f"gpu {self.name!r}: {f}", getattr(self, f), 0.0, 1e6)
         check_int(f"gpu {self.name!r}: sms", self.sms, 0, 1 << 20)
         require(isinstance(self.sources, (list, tuple)), f"gpu {self.name!r}: sources must be a list")
@@ -105,6 +109,7 @@ class Cluster:
     nodes: int = 1
     intra_node_bw_gb_per_s: float = 0.0  # 0 = the GPU's default
     inter_node_bw_gb_per_s: float = 0.0
+    host_ram_gib_per_node: float = 0.0  # 0 = the GPU's catalog default (GPUSpec.node_host_ram_gib)
 
     def __post_init__(self) -> None:
         require(isinstance(self.gpu, GPUSpec), f"gpu must be a GPUSpec, got {type(self.gpu).__name__}")
@@ -112,6 +117,9 @@ class Cluster:
         check_int("nodes", self.nodes, 1, MAX_NODES)
         for f in ("intra_node_bw_gb_per_s", "inter_node_bw_gb_per_s"):
             check_number(f"{f} (0 = the GPU's)", getattr(self, f), 0.0, 1e5)
+        check_number("host_ram_gib_per_node (0 = the GPU's node default)", self.host_ram_gib_per_node, 0.0, 1e7)
+        if not self.host_ram_gib_per_node:
+            object.__setattr__(self, "host_ram_gib_per_node", float(self.gpu.node_host_ram_gib))
         if not self.intra_node_bw_gb_per_s:
             object.__setattr__(self, "intra_node_bw_gb_per_s", self.gpu.intra_node_bw_gb_per_s)
         if not self.inter_node_bw_gb_per_s:
@@ -122,9 +130,13 @@ class Cluster:
         return self.gpus_per_node * self.nodes
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu": self.gpu.name, "gpus_per_node": self.gpus_per_node, "nodes": self.nodes,
-                "intra_node_bw_gb_per_s": self.intra_node_bw_gb_per_s,
-                "inter_node_bw_gb_per_s": self.inter_node_bw_gb_per_s}
+        d = {"gpu": self.gpu.name, "gpus_per_node": self.gpus_per_node, "nodes": self.nodes,
+             "intra_node_bw_gb_per_s": self.intra_node_bw_gb_per_s,
+             "inter_node_bw_gb_per_s": self.inter_node_bw_gb_per_s}
+        # Written only when overridden, so scenarios written before the field existed read back the same.
+        if self.host_ram_gib_per_node != self.gpu.node_host_ram_gib:
+            d["host_ram_gib_per_node"] = self.host_ram_gib_per_node
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Cluster:
@@ -132,7 +144,8 @@ class Cluster:
 
         if not isinstance(d, dict):
             raise PerfPredictError(f"hardware must be an object with 'gpu', got {d!r}")
-        allowed = {"gpu", "gpus_per_node", "nodes", "gpus", "intra_node_bw_gb_per_s", "inter_node_bw_gb_per_s"}
+        allowed = {"gpu", "gpus_per_node", "nodes", "gpus", "intra_node_bw_gb_per_s", "inter_node_bw_gb_per_s",
+                   "host_ram_gib_per_node"}
         extra = set(d) - allowed
         if extra:
             raise PerfPredictError(f"unknown hardware field(s) {sorted(extra)}; accepted: {sorted(allowed)}")
@@ -151,4 +164,5 @@ class Cluster:
             nodes = from_gpus
         return cls(gpu=gpu, gpus_per_node=gpn, nodes=1 if nodes is None else nodes,
                    intra_node_bw_gb_per_s=d.get("intra_node_bw_gb_per_s", 0.0),
-                   inter_node_bw_gb_per_s=d.get("inter_node_bw_gb_per_s", 0.0))
+                   inter_node_bw_gb_per_s=d.get("inter_node_bw_gb_per_s", 0.0),
+                   host_ram_gib_per_node=d.get("host_ram_gib_per_node", 0.0))

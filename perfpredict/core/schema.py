@@ -24,6 +24,7 @@ PREFIXES = {
     "kc_": "the canonical plan's composed step and its part shares (models.compose)",
     "oof_": "train: out-of-fold predictions of the learned models",
     "b_": "ranking: the predicted step time broken into parts (seconds)",
+    "e_": "ranking: engine terms inside those parts (seconds: exposed gathers, hooks, recompute, reference)",
     "mem_": "ranking: the peak rank's predicted memory broken into parts (GiB)",
     "f_": "learned models' derived features (models.plan_model, models.kernels)",
 }
@@ -167,7 +168,10 @@ DESCRIPTOR_COLUMNS = (
 
 # The step-time parts (b_*) and the peak rank's memory parts (mem_*) of a prediction; each set adds up to its total
 # (step_time_s, peak_memory_gib).
-STEP_TIME_PARTS = ("b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s")
+STEP_TIME_PARTS = ("b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s",
+                   "b_stall_s")
+# Engine terms inside the step-time parts (models.compose), for --explain: they overlap the parts, not add to them.
+ENGINE_PARTS = ("e_zero3_gather_s", "e_zero3_hooks_s", "e_grad_reduce_s", "e_recompute_s", "e_reference_fwd_s")
 MEMORY_PARTS = ("mem_states_gib", "mem_activations_gib", "mem_logits_gib", "mem_reference_gib", "mem_other_gib")
 
 # The ranking `rank` returns (predictor.rank.Ranking.table), in this column order.
@@ -175,7 +179,9 @@ RANK_COLUMNS = (
     "rank", "plan", "p_framework", "p_tp", "p_pp", "p_dp", "p_cp", "p_sp", "p_zero", "p_micro_batch",
     "p_grad_accum", "p_recompute", "p_offload", "p_schedule", "p_vstages", "p_ep", "p_param_offload",
     "p_stage_layers", "samples_per_s", "tokens_per_s",
+    "headroom_gib", "host_ram_gib",  # GPU memory minus the predicted peak; host RAM an offload plan's node pins
     "step_time_s", "step_time_lo_s", "step_time_hi_s", "time_to_finish_h", "peak_memory_gib",
-    "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", *STEP_TIME_PARTS, *MEMORY_PARTS,
+    "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", *STEP_TIME_PARTS, *ENGINE_PARTS,
+    *MEMORY_PARTS,
     "g_memory_gib",
 )

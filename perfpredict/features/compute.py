@@ -17,6 +17,13 @@ def runtime_is(rule) -> pl.Expr:
     return c("d_runtime").is_in(runtimes_where(rule))
 
 
+def params_on_host() -> pl.Expr:
+    """Rows whose parameters live in host memory between uses: ZeRO-3 offload_param (ZeRO-Infinity), and optimizer
+    offload where the runtime's only offload moves the parameters too (FSDP CPUOffload(offload_params):
+    Runtime.offload_moves_params). The GPU keeps only what it gathers for the layer at work."""
+    return c("p_param_offload") | (c("p_offload") & runtime_is(lambda r: r.offload_moves_params))
+
+
 def runtime_from_zero(field: str) -> pl.Expr:
     """Rows whose runtime's `field` (a ZeRO stage or None in the runtime table) is set and reached by p_zero."""
     from perfpredict.core.frameworks import RUNTIMES
@@ -26,6 +33,30 @@ def runtime_from_zero(field: str) -> pl.Expr:
         stage = getattr(r, field)
         if stage is not None:
             out = out | ((c("d_runtime") == name) & (c("p_zero") >= stage))
+    return out
+
+
+def selective_share(field: str) -> pl.Expr:
+    """Per row, what the plan framework's `recompute selective` recomputes (core.frameworks SelectiveRecompute
+    `field`: gemm_fwd, attention_fwd or elementwise_fwd); Megatron's core-attention rule for unknown names."""
+    from perfpredict.core.frameworks import CAPABILITIES, CORE_ATTENTION
+
+    return c("p_framework").replace_strict({n: getattr(cap.selective, field) for n, cap in CAPABILITIES.items()},
+                                           default=getattr(CORE_ATTENTION, field), return_dtype=pl.Float64)
+
+
+def _swap_copies() -> pl.Expr:
+    """Per row, the weight copies its trainer makes to swap the reference in (core.frameworks
+    reference_swap_copies), 0 where none does."""
+    from perfpredict.core.frameworks import CAPABILITIES, reference_swap_copies
+    from perfpredict.core.objectives import OBJECTIVES
+
+    out = pl.lit(0.0)
+    for f in CAPABILITIES:
+        for o in OBJECTIVES:
+            n = reference_swap_copies(f, o)
+            if n:
+                out = pl.when((c("p_framework") == f) & (c("w_objective") == o)).then(float(n)).otherwise(out)
     return out
 
 
@@ -58,7 +89,9 @@ def flops(df: pl.DataFrame) -> pl.DataFrame:
     attn_fwd = 2.0 * s * c("m_heads") * c("m_head_dim") * c("m_layers")
     fwd = 2.0 * c("m_matmul_params") + attn_fwd
     recompute = (pl.when(c("p_recompute") == "full").then(fwd)
-                 .when(c("p_recompute") == "selective").then(attn_fwd).otherwise(0.0))
+                 .when(c("p_recompute") == "selective").then(
+                     attn_fwd * selective_share("attention_fwd")
+                     + 2.0 * c("m_matmul_params") * selective_share("gemm_fwd")).otherwise(0.0))
     ref = pl.when(c("w_reference").is_in(["live", "offloaded"])).then(fwd).otherwise(0.0)
     per_token = 3.0 * fwd + recompute + ref + c("d_extra_fwd_passes") * fwd
     n = c("c_gpus").cast(pl.Float64)
@@ -111,12 +144,21 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # CPU Adam over the offloaded shard: ZeRO-Offload (Ren et al. 2021) reports its CPU-Adam at roughly 1 s per
     # 1e9 parameters per process; a coarse descriptor the learned correction may refine.
     cpu_adam = pl.when(c("p_offload")).then(params / pl.when(c("p_zero") >= 1).then(d).otherwise(1.0) * 1e-9).otherwise(0.0)
-    ref_swap = pl.when(c("w_reference") == "offloaded").then(params * 2.0).otherwise(0.0)
-    # ZeRO-Infinity parameter offload: each micro-batch fetches this rank's parameter shard from the host for the
-    # forward and again for the backward (and the live reference's forward).
+    # A trainer that swaps its resident weights for the reference's (NeMo-Aligner, NeMo-RL: core.frameworks
+    # Trainer.reference_swap_copies) moves them three times per step, in their resident dtype and shard (FSDP2:
+    # the fp32 shard); otherwise an offloaded reference streams its 16-bit weights in once.
+    copies = _swap_copies()
+    resident = params * pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(2.0) / pl.when(
+        runtime_from_zero("reference_sharded_from_zero")).then(d).otherwise(1.0)
+    ref_swap = pl.when(c("w_reference") == "offloaded").then(
+        pl.when(copies > 0).then(copies * resident).otherwise(params * 2.0)).otherwise(0.0)
+    # Parameters in host memory (ZeRO-Infinity, FSDP CPUOffload): each micro-batch fetches this rank's parameter
+    # shard from the host for the forward and again for the backward (and the live reference's forward), in the
+    # dtype the shard is kept in (FSDP's fp32 sharded parameters, DeepSpeed's 16-bit partitions).
     shard = params / pl.when(c("p_zero") >= 3).then(d).otherwise(1.0)
-    param_fetch = pl.when(c("p_param_offload")).then(
-        shard * 2.0 * m * (2.0 + c("w_reference").is_in(["live"]).cast(pl.Float64))).otherwise(0.0)
+    fetched = pl.when(runtime_is(lambda r: r.weights_fp32) | (c("w_precision") == "fp32")).then(4.0).otherwise(2.0)
+    param_fetch = pl.when(params_on_host()).then(
+        shard * fetched * m * (2.0 + c("w_reference").is_in(["live"]).cast(pl.Float64))).otherwise(0.0)
     # Expert parallelism: every MoE layer dispatches its tokens' top-k copies to the experts' ranks and combines
     # them back (an all-to-all each way), in every forward pass and again in the backward.
     ep = c("p_ep").cast(pl.Float64)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from perfpredict.features.compute import runtime_from_zero, runtime_is
+from perfpredict.features.compute import params_on_host, runtime_from_zero, runtime_is
 
 c = pl.col
 
@@ -110,9 +110,9 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     g_sh = pl.when(z >= 2).then(g / d).otherwise(g)
     o_sh = pl.when(z >= 1).then(o / d).otherwise(o)
     o_gpu = pl.when(c("p_offload")).then(0.0).otherwise(o_sh)
-    # ZeRO-3 offload_param (ZeRO-Infinity): parameters and their gradient partitions live in host memory; the GPU
-    # holds only what is gathered for the layer at work (d_gathered_bytes).
-    poff = c("p_param_offload")
+    # ZeRO-3 offload_param (ZeRO-Infinity) and FSDP's CPUOffload: parameters and their gradient partitions live in
+    # host memory; the GPU holds only what is gathered for the layer at work (d_gathered_bytes).
+    poff = params_on_host()
     w_gpu = pl.when(poff).then(0.0).otherwise(w_sh)
     g_gpu = pl.when(poff).then(0.0).otherwise(g_sh)
     # Expert weights shard over the expert-data-parallel group, d/ep ranks, not d: a rank's ZeRO shard of its
@@ -123,7 +123,7 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     oe = pl.when(c("p_offload")).then(0.0).when(z >= 1).then(o / de).otherwise(o)
     return df.with_columns(d_weight_bpp=w_gpu, d_grad_bpp=g_gpu, d_optim_bpp=o_gpu,
                            d_expert_state_bpp_extra=(we + ge + oe) - (w_gpu + g_gpu + o_gpu),
-                           d_state_bpp_unsharded=w + g + o)
+                           d_state_bpp_unsharded=w + g + o, d_optim_bpp_unsharded=o)
 
 
 def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
@@ -252,6 +252,52 @@ def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
         d_ddp_bucket_bytes=pl.when(ddp).then(c("d_params_rank") * c("d_grad_bpp")).otherwise(0.0))
 
 
+def host_memory(df: pl.DataFrame) -> pl.DataFrame:
+    """Host RAM the offloaded states pin, per rank and per node (every rank of the node: c_gpus_per_node of them),
+    for the check that a node holds them (features.plans.refuse_host_ram). Bytes per parameter of the rank's shard:
+
+    - the optimizer's master copy and Adam moments (d_state_bpp's optimizer part: 12 with a separate fp32 master, 8
+      for FSDP, whose fp32 parameters are the master) and an fp32 gradient the host optimizer reads (4):
+      DeepSpeed ZeRO-3 `converted.clone().detach()` onto the offload device and a pinned fp32 `subgroup_gradient_buffer`
+      as its .grad (deepspeed runtime/zero/stage3.py:1120-1122, 1288-1292); ZeRO-1/2 the pinned fp32 partition and
+      its pinned fp32 grad (stage_1_and_2.py:492-497, 840-844); Megatron's HybridDeviceOptimizer a pinned CPU copy
+      of the fp32 main parameter and a pinned grad copy (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py
+      _get_sub_optimizer_param_groups, _set_sub_optimizer_grads); FSDP's CPUOffload the optimizer step on the host.
+    - DeepSpeed's pinned 16-bit staging of the shard (Runtime.offload_16bit_host_buffer): ZeRO-3's
+      `grad_partitions_flat_buffer` in the gradient-accumulation dtype on the offload device (stage3.py:742-746),
+      ZeRO-1/2's `param_buffer_of_bit16_for_cpu_offload_groups` (stage_1_and_2.py:498-505) and, when it
+      accumulates over micro-batches, a 16-bit `accumulated_grads_in_cpu` buffer per parameter
+      (stage_1_and_2.py:1516-1556, 1650-1657).
+    - the parameters themselves where they live on the host: ZeRO-3 offload_param's pinned 16-bit partitions
+      (`param_groups_fp16_flat_cpu_memory`, stage3.py:839-862); FSDP's CPUOffload(offload_params) keeps the sharded
+      fp32 parameters there, pinned (torch distributed/fsdp/_fully_shard/_fsdp_param.py:312-315; FSDP1
+      _flat_param.py:1260-1265 `_local_shard` and `_cpu_grad`).
+    - an offloaded reference's 16-bit weights (reference_model: they live in host memory, a layer at a time on the
+      GPU).
+    Expert weights shard over d/ep ranks, as on the GPU (state_bytes_per_param). Transients at start-up (the
+    `.to()` before the clone, the checkpoint load) are left out: the steady state is what must fit."""
+    gib = float(1 << 30)
+    fp32 = c("w_precision") == "fp32"
+    w16 = pl.when(fp32).then(4.0).otherwise(2.0)
+    staging = runtime_is(lambda r: r.offload_16bit_host_buffer)
+    accumulates = staging & (c("p_zero") < 3) & (c("p_grad_accum") > 1)
+    weights = pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(w16)
+    per_param = (c("d_optim_bpp_unsharded") + 4.0 + pl.when(staging).then(w16).otherwise(0.0)
+                 + pl.when(accumulates).then(w16).otherwise(0.0)
+                 + pl.when(params_on_host()).then(weights)
+                 .otherwise(0.0))
+    d = (c("p_dp") * c("p_cp")).cast(pl.Float64)
+    shard = pl.when(c("p_zero") >= 1).then(d).otherwise(1.0)
+    de = pl.when(c("p_zero") >= 1).then(pl.max_horizontal(d / c("p_ep").cast(pl.Float64), pl.lit(1.0))).otherwise(1.0)
+    experts = c("d_layers_max") * c("d_expert_params_layer_rank")
+    offloaded = pl.when(c("p_offload")).then(
+        c("d_params_rank") * per_param / shard + experts * per_param * (1.0 / de - 1.0 / shard)).otherwise(0.0)
+    ref = pl.when(c("w_reference") == "offloaded").then(c("d_params_rank") * 2.0).otherwise(0.0)
+    rank = offloaded + ref
+    return df.with_columns(d_host_ram_rank_gib=rank / gib,
+                           d_host_ram_node_gib=rank * pl.min_horizontal(c("c_gpus_per_node"), c("c_gpus")) / gib)
+
+
 def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     """The peak rank's bytes: the worst of the first stage (most micro-batches in flight, the embedding), the
     fullest middle stage (uneven splits) and the last (head, logits, the reference's transient). d_peak_*_gib are
@@ -301,6 +347,6 @@ def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:
 
     for f in (plan_defaults, head_passes, stage_layout, expert_parallel, param_shard, state_bytes_per_param,
               activation_coefficients, activations, reference_model, fsdp_gathered, ddp_buckets, trl_memory,
-              peak_memory):
+              host_memory, peak_memory):
         df = f(df)
     return df

@@ -22,6 +22,7 @@ from perfpredict.core.frameworks import (
     expand_backends,
     refusal,
     stage_layers,
+    trainer_refusal,
 )
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
@@ -181,6 +182,25 @@ def _offloads(base: Plan, zero: int, dp: int, offload: bool) -> list[tuple[bool,
     return offloads
 
 
+def refuse_host_ram(described: pl.DataFrame, *, host_ram_gib_per_node: float, rej: Rejections) -> pl.DataFrame:
+    """The plans whose offloaded states fit in a node's host RAM (features.memory.host_memory: what the ranks of one
+    node pin there); the others are refused, counted with the reason. The enumeration above cannot ask this (it
+    needs the model's sizes per rank), so it is asked of the described frame, before anything is predicted.
+    A cluster without a host RAM figure (0: CPU hosts, whose device memory is host memory) is not checked."""
+    if host_ram_gib_per_node <= 0 or not described.height:
+        return described
+    need = described["d_host_ram_node_gib"]
+    over = need > host_ram_gib_per_node
+    n = int(over.sum())
+    if n:
+        rej.add(f"{HOST_RAM_REFUSAL} {need.filter(over).min():,.0f} GiB or more per node, the node has "
+                f"{host_ram_gib_per_node:,.0f} GiB", n)
+    return described.filter(~over)
+
+
+HOST_RAM_REFUSAL = "their offloaded states need host RAM:"  # how refuse_host_ram's tally reasons start
+
+
 def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
                     rejections: Rejections | None = None) -> Iterator[Plan]:
     """Every plan the capability table (core.frameworks) says its framework can run on this cluster."""
@@ -213,7 +233,14 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
     """The legal plans as tuples of Plan's fields in core.scenario.PLAN_COLUMNS' order (the one enumeration)."""
     space = space or PlanSpace()
     rej = rejections if rejections is not None else Rejections()
-    caps = [capability(f) for f in space.frameworks]
+    trainer_refusals: dict[tuple, object] = {}
+    caps = []
+    for f in space.frameworks:  # only frameworks one of whose trainers runs the objective (core.frameworks.Trainer)
+        cap = capability(f)
+        if cap.trainer_for(workload.objective) is None:
+            rej.add(trainer_refusal(Plan(framework=f), workload.objective).tally)
+        else:
+            caps.append(cap)
     for tp, pp, cp, dp in _layouts(model, cluster, workload, space, rej):
         per_replica = workload.global_batch // dp
         for cap in caps:
@@ -259,5 +286,20 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
                             for sp in sps:
                                 for ep in eps:
                                     for off, poff in offloads:
+                                        # The trainer that runs the objective may run less than its framework
+                                        # (trainer_refusal reads the framework, ZeRO stage, offload and recompute:
+                                        # asked once per combination, counted at every plan it stops).
+                                        key = (cap.name, zero, off, rc)
+                                        if key not in trainer_refusals:
+                                            trainer_refusals[key] = trainer_refusal(
+                                                Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero=zero,
+                                                     recompute=rc, micro_batch=mb, grad_accum=ga,
+                                                     optimizer_offload=off, param_offload=poff, framework=cap.name,
+                                                     schedule=schedule, virtual_stages=v, ep=ep,
+                                                     stage_layers=stages), workload.objective)
+                                        tr = trainer_refusals[key]
+                                        if tr:
+                                            rej.add(tr.tally)
+                                            continue
                                         yield (tp, pp, dp, cp, sp, zero, rc, mb, ga, off, cap.name, schedule, v,
                                                ep, poff, stages)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfpredict.core.frameworks import RUNTIMES
-from perfpredict.features.compute import forward_passes, on_cpu, runtime_is
+from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, RUNTIMES
+from perfpredict.features.compute import forward_passes, on_cpu, runtime_is, selective_share
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.models.hardware_frame import hardware_table
@@ -74,6 +74,24 @@ TRL_CALIBRATION = {"fold_scale": 1.0, "gemm_scale": 1.0, "attention_scale": 1.0,
 TRL_FAMILIES = ("gemm", "attention", "membound")
 
 
+def _matrices_per_layer() -> pl.Expr:
+    """Weight matrices of a decoder layer: q, k, v, o and the MLP's two or three (gated)."""
+    return 4.0 + pl.when(c("m_gated")).then(3.0).otherwise(2.0)
+
+
+def _zero3_chunks() -> pl.Expr:
+    """All-gather messages per layer and pass of a ZeRO-3 plan. FSDP/FSDP2 gather each wrapped decoder block in one
+    message (fully_shard per block). DeepSpeed fetches per submodule and prefetches whole parameters up to
+    stage3_prefetch_bucket_size (transformers' auto: 0.9 hidden^2, core.frameworks DS_PREFETCH_BUCKET_HIDDEN2), one
+    all_gather_coalesced per fetch (partitioned_param_coordinator.py:285-343, 380-413): about a layer over the
+    bucket messages, at most one per weight matrix. Smaller messages run the link below its bandwidth (the
+    collective model's latency term)."""
+    bucket = DS_PREFETCH_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2
+    per_bucket = (c("m_layer_params").cast(pl.Float64) / bucket).clip(1.0, None)
+    return pl.when(runtime_is(lambda r: r.zero3_prefetch_buckets)).then(
+        pl.min_horizontal(per_bucket, _matrices_per_layer()).round(0)).otherwise(1.0)
+
+
 def _i(e: pl.Expr) -> pl.Expr:
     return e.round(0).cast(pl.Int64).clip(lower_bound=1)
 
@@ -83,6 +101,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
     T = seqs.cast(pl.Float64) * c("w_seq_len") / c("p_cp")
     ref = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
     sel = (c("p_recompute") == "selective").cast(pl.Float64)
+    full = (c("p_recompute") == "full").cast(pl.Float64)
     moe = c("m_experts") > 0
     f = pl.when(moe).then(c("m_expert_ffn")).otherwise(c("m_ffn")).cast(pl.Float64)
     gpn = c("c_gpus_per_node")
@@ -91,7 +110,17 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         "row",
         hardware=c("g_name"), dtype=c("w_precision"),
         T=T, Lps=c("d_layers_max"), mbs=c("p_grad_accum").cast(pl.Float64),
-        fwd_mult=forward_passes(), attn_fwd_extra=forward_passes() - 1.0 + sel, ref=ref,
+        # What `recompute selective` recomputes is the framework's (core.frameworks SelectiveRecompute): Megatron's
+        # core attention, torchtitan's every second matmul and the elementwise ops.
+        fwd_mult=forward_passes(), sel_gemm=sel * selective_share("gemm_fwd"),
+        sel_elem=sel * selective_share("elementwise_fwd"),
+        attn_fwd_extra=forward_passes() - 1.0 + sel * selective_share("attention_fwd"), ref=ref,
+        rc_full=full, rc_attn=sel * selective_share("attention_fwd"),
+        z3_chunks=_zero3_chunks(),
+        # DeepSpeed reduces gradients in buckets of reduce_bucket_size elements (transformers' auto: hidden^2).
+        rs_chunks=pl.when(runtime_is(lambda r: r.zero3_prefetch_buckets)).then(
+            (c("d_params_rank") / (DS_REDUCE_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2)).clip(1.0, None)
+            .round(0)).otherwise(1.0),
         head_fwd=c("d_head_fwd_passes"), head_ce=c("d_head_ce_passes"), head_fold=c("d_head_fold_ce"),
         h=c("m_hidden").cast(pl.Float64), a=c("m_heads").cast(pl.Float64), kv=c("m_kv_heads").cast(pl.Float64),
         hd=c("m_head_dim").cast(pl.Float64), t=c("p_tp").cast(pl.Float64), V=c("m_vocab").cast(pl.Float64),
@@ -132,7 +161,9 @@ def _gemms(b: pl.DataFrame) -> list[pl.DataFrame]:
     for m, k, n, cnt in shapes.values():
         per = cnt * c("Lps") * c("mbs")
         out += [
-            b.select("row", "hardware", "dtype", m=_i(m), n=_i(n), k=_i(k), pass_=pl.lit("fwd"), count=per * c("fwd_mult")),
+            b.select("row", "hardware", "dtype", m=_i(m), n=_i(n), k=_i(k), pass_=pl.lit("fwd"),
+                     count=per * (c("fwd_mult") + c("sel_gemm")), rc=per * (c("rc_full") + c("sel_gemm")),
+                     rf=per * c("ref")),
             b.select("row", "hardware", "dtype", m=_i(m), n=_i(k), k=_i(n), pass_=pl.lit("bwd_input"), count=per),
             b.select("row", "hardware", "dtype", m=_i(k), n=_i(n), k=_i(m), pass_=pl.lit("bwd_weight"), count=per),
         ]
@@ -141,7 +172,7 @@ def _gemms(b: pl.DataFrame) -> list[pl.DataFrame]:
     head_n = c("V") / c("t")
     out += [
         b.select("row", "hardware", "dtype", m=_i(c("T")), n=_i(head_n), k=_i(c("h")), pass_=pl.lit("fwd"),
-                 count=c("mbs") * c("head_fwd")),
+                 count=c("mbs") * c("head_fwd"), rf=c("mbs") * c("ref")),
         b.select("row", "hardware", "dtype", m=_i(c("T")), n=_i(c("h")), k=_i(head_n), pass_=pl.lit("bwd_input"),
                  count=c("mbs")),
         b.select("row", "hardware", "dtype", m=_i(c("h")), n=_i(head_n), k=_i(c("T")), pass_=pl.lit("bwd_weight"),
@@ -159,19 +190,23 @@ def _attention(b: pl.DataFrame) -> list[pl.DataFrame]:
     return [
         b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd_bwd"), count=c("Lps") * c("mbs")),
         b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd"),
-                 count=c("Lps") * c("mbs") * c("attn_fwd_extra")),
+                 count=c("Lps") * c("mbs") * c("attn_fwd_extra"),
+                 rc=c("Lps") * c("mbs") * (c("rc_full") + c("rc_attn")), rf=c("Lps") * c("mbs") * c("ref")),
     ]
 
 
 def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
     # Backward of an elementwise op moves about twice its forward bytes.
-    passes = c("fwd_mult") + 2.0
+    passes = c("fwd_mult") + c("sel_elem") + 2.0
     per = c("Lps") * c("mbs")
+    rc, rf = c("rc_full") + c("sel_elem"), c("ref")
     return [
-        b.select("row", "hardware", "dtype", op=pl.lit("rmsnorm"), numel=_i(c("T_sp") * c("h")), count=2.0 * per * passes),
+        b.select("row", "hardware", "dtype", op=pl.lit("rmsnorm"), numel=_i(c("T_sp") * c("h")), count=2.0 * per * passes,
+                 rc=2.0 * per * rc, rf=2.0 * per * rf),
         b.select("row", "hardware", "dtype", op=pl.lit("swiglu"),
-                 numel=_i(c("T") * c("topk") * c("f") / c("t")), count=per * passes),
-        b.select("row", "hardware", "dtype", op=pl.lit("add"), numel=_i(c("T_sp") * c("h")), count=2.0 * per * passes),
+                 numel=_i(c("T") * c("topk") * c("f") / c("t")), count=per * passes, rc=per * rc, rf=per * rf),
+        b.select("row", "hardware", "dtype", op=pl.lit("add"), numel=_i(c("T_sp") * c("h")), count=2.0 * per * passes,
+                 rc=2.0 * per * rc, rf=2.0 * per * rf),
         b.select("row", "hardware", "dtype", op=pl.lit("cross_entropy"), numel=_i(c("T") * c("V") / c("t")),
                  count=c("mbs") * c("head_ce")),
         # TRL's fused head on CPU (features.trl.head_passes): its torch fold, in cross-entropy fwd+bwd units,
@@ -205,17 +240,21 @@ def _comm(b: pl.DataFrame) -> list[pl.DataFrame]:
         b.filter((c("dp") > 1) & (c("zero") == 0)).select(
             "row", "hardware", op=pl.lit("all_reduce"), bytes=_i(grad_bytes), world_size=c("dp"),
             ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=c("syncs"), part=pl.lit("dp"), **kw),
+        # Gradient reduce-scatters: DeepSpeed in reduce buckets (z3_rs_chunks messages), others one per sync.
         b.filter((c("dp") > 1) & (c("zero") >= 1)).select(
-            "row", "hardware", op=pl.lit("reduce_scatter"), bytes=_i(grad_bytes), world_size=c("dp"),
-            ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=c("syncs"), part=pl.lit("dp"), **kw),
+            "row", "hardware", op=pl.lit("reduce_scatter"), bytes=_i(grad_bytes / c("rs_chunks")), world_size=c("dp"),
+            ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=c("syncs") * c("rs_chunks"),
+            part=pl.lit("dp"), **kw),
         # ZeRO-1/2 gather the updated parameters after the optimizer step: nothing left to hide it behind.
         b.filter((c("dp") > 1) & c("zero").is_in([1, 2])).select(
             "row", "hardware", op=pl.lit("all_gather"), bytes=_i(c("params") * 2.0), world_size=c("dp"),
             ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=pl.lit(1.0), part=pl.lit("dpgather"), **kw),
+        # ZeRO-3 / FSDP parameter gathers: per layer and pass (forward, backward, the live reference's forward), in
+        # the engine's messages (z3_chunks per layer: FSDP one per wrapped block, DeepSpeed one per prefetch bucket).
         b.filter((c("dp") > 1) & (c("zero") >= 3)).select(
-            "row", "hardware", op=pl.lit("all_gather"), bytes=_i(c("layer_params") * 2.0 / c("t")),
+            "row", "hardware", op=pl.lit("all_gather"), bytes=_i(c("layer_params") * 2.0 / c("t") / c("z3_chunks")),
             world_size=c("dp"), ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"),
-            count=c("Lps") * c("mbs") * (2.0 + c("ref")), part=pl.lit("zero3"), **kw),
+            count=c("Lps") * c("mbs") * (2.0 + c("ref")) * c("z3_chunks"), part=pl.lit("zero3"), **kw),
     ]
     return out
 
@@ -331,15 +370,26 @@ def _deepspeed_steps() -> pl.Expr:
     return (_trl_cpu() & runtime_is(lambda r: r.engine_step_host_work)).cast(pl.Float64)
 
 
-def _zero3_hook_units() -> pl.Expr:
-    """Parameter tensors x passes per optimizer step of a TRL ZeRO-3 plan on CPU (0 elsewhere): per layer the
+def _zero3_hook_units(*, gpu: bool = False) -> pl.Expr:
+    """Parameter tensors x passes per optimizer step of a DeepSpeed ZeRO-3 plan (0 elsewhere): per layer the
     four attention projections, two or three MLP matrices and two norms; the embedding, the final norm and an
-    untied head."""
-    z3 = (_deepspeed_steps() > 0) & (c("p_zero") >= 3)
-    per_layer = 6.0 + pl.when(c("m_gated")).then(3.0).otherwise(2.0)
-    tensors = c("m_layers").cast(pl.Float64) * per_layer + 2.0 + pl.when(c("m_tied")).then(0.0).otherwise(1.0)
-    return pl.when(z3).then(tensors * c("d_layer_passes").fill_null(0.0)
-                            * c("p_grad_accum").cast(pl.Float64)).otherwise(0.0)
+    untied head. gpu=False: TRL plans on CPU (where the hook cost was fitted); gpu=True: every DeepSpeed ZeRO-3
+    plan on a GPU, TRL or not (the engine's hooks are the same Python on the host: parameter_offload.py registers
+    them on every submodule, partitioned_param_coordinator.py fetch_sub_module / release_sub_module run in them).
+    On one layer's worth the pipeline stage holds (d_layers_max), since that is the rank's own work."""
+    if gpu:
+        z3 = runtime_is(lambda r: r.zero3_prefetch_buckets) & (c("p_zero") >= 3) & ~on_cpu()
+        layers = c("d_layers_max").cast(pl.Float64)
+    else:
+        z3 = (_deepspeed_steps() > 0) & (c("p_zero") >= 3)
+        layers = c("m_layers").cast(pl.Float64)
+    per_layer = 2.0 + _matrices_per_layer()
+    tensors = layers * per_layer + 2.0 + pl.when(c("m_tied")).then(0.0).otherwise(1.0)
+    # Passes through the layers per micro-batch: TRL's own count (features.trl), else the forwards (policy,
+    # full recompute, reference) and the backward.
+    passes = pl.when(c("d_layer_passes").fill_null(0.0) > 0).then(c("d_layer_passes")).otherwise(
+        forward_passes() + 1.0)
+    return pl.when(z3).then(tensors * passes * c("p_grad_accum").cast(pl.Float64)).otherwise(0.0)
 
 
 def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
@@ -360,6 +410,8 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict(groups.drop("_q")),
                                                       groups["_q"].list.len().to_numpy())
     q = q.with_columns(kt=pl.Series(kt))
+    for k in ("rc", "rf"):
+        q = q.with_columns(c(k).fill_null(0.0)) if k in q.columns else q.with_columns(pl.lit(0.0).alias(k))
     timed = c("part") == "compute"
     work = c("kt") * c("count")
     bwd = pl.when(timed).then(
@@ -369,6 +421,9 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     sums = q.group_by("row").agg(
         *[work.filter(c("part") == p).sum().alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")],
         k_bwd_s=bwd.sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum(),
+        # Of the compute: recompute's forward work and the live reference's forward (engine terms for --explain).
+        k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0).sum(),
+        k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0).sum(),
         **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0).sum() for f in TRL_FAMILIES})
     sums = (pl.DataFrame({"row": np.arange(shapes.height, dtype=np.uint32)}).join(sums, on="row", how="left")
             .drop("row").fill_null(0.0))
@@ -383,14 +438,34 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     overlap = c("d_runtime").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
     grad_bytes = (c("d_params_rank") * c("d_grad_bytes_per_param")).clip(lower_bound=1.0)
     per_mb_bwd = c("k_bwd_s") / c("p_grad_accum")
+    # ZeRO-3 / FSDP prefetch the next layer's (DeepSpeed: the next bucket's) parameters while the current one
+    # computes; the first gather of each pass waits (tail).
+    tail = c("p_pp") / c("m_layers").cast(pl.Float64)
+    last_bucket = (LAST_BUCKET_BYTES / grad_bytes).clip(0.0, 1.0)
+    # Where gradients reduce during the backward (overlap) at ZeRO-3, the backward's parameter gathers and the
+    # gradient reduce-scatters share the data-parallel link and the backward to hide behind: FSDP2 runs them on
+    # two streams (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py FSDPCommContext.lazy_init:
+    # all_gather_stream "overlapping next all-gather with current forward compute", reduce_scatter_stream), and
+    # DeepSpeed on its allgather stream and reduce_and_partition_stream (stage3.py:1275-1330) with at most two
+    # reduce buckets in flight before the host waits (:1305-1308). The forward's gathers (policy and live
+    # reference) hide behind the forward only.
+    ref = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
+    g_f = c("k_zero3_raw_s") * (1.0 + ref) / (2.0 + ref)
+    g_b = c("k_zero3_raw_s") / (2.0 + ref)
+    rs = c("k_dp_raw_s")
+    shared = overlap & (c("p_zero") >= 3) & (c("k_zero3_raw_s") > 0)
+    exp_f = _exposed(g_f, c("k_compute_raw_s") - c("k_bwd_s"), tail)
+    exp_b = pl.max_horizontal(g_b + rs - c("k_bwd_s"), g_b * tail.clip(0.0, 1.0) + rs * last_bucket)
+    split = g_b / (g_b + rs).clip(lower_bound=1e-30)
     out = out.with_columns(
         k_host_s=(n_untimed + c("n_timed")) * launch_floor_s(c("g_name"), floors),
-        k_dp_s=pl.when(overlap).then(
-            _exposed(c("k_dp_raw_s"), per_mb_bwd * c("d_dp_syncs"), LAST_BUCKET_BYTES / grad_bytes))
+        k_dp_s=pl.when(shared).then(exp_b * (1.0 - split)).when(overlap).then(
+            _exposed(c("k_dp_raw_s"), per_mb_bwd * c("d_dp_syncs"), last_bucket))
         .otherwise(c("k_dp_raw_s")) + c("k_dpgather_raw_s"),
-        # ZeRO-3 / FSDP prefetch the next layer's parameters while the current one computes; the first gather of
-        # each pass waits.
-        k_zero3_s=_exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), c("p_pp") / c("m_layers").cast(pl.Float64)),
+        k_zero3_s=pl.when(shared).then(exp_f + exp_b * split).otherwise(
+            _exposed(c("k_zero3_raw_s"), c("k_compute_raw_s"), tail)),
+        # The first gather of each pass, which nothing hides: the host waits for it too (below).
+        k_zero3_wait_s=c("k_zero3_raw_s") * tail.clip(0.0, 1.0),
         **{f"k_{p}_s": c(f"k_{p}_raw_s") for p in PARTS if p not in ("dp", "zero3")},
     ).drop([f"k_{p}_raw_s" for p in (*PARTS, "dpgather")] + ["n_timed"])
     # What runs on the device in a stage; evaluated where used (the stage below sees TRL's calibrated compute).
@@ -405,10 +480,25 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
         + cal["deepspeed_step_s"] * _deepspeed_steps(),
         k_compute_s=c("k_compute_s") + pl.when(trl_cpu).then(extra).otherwise(0.0),
     ).drop("k_trlfold_raw_s")
+    # DeepSpeed ZeRO-3's per-module hooks on a GPU host: Python on the host while the kernels run asynchronously,
+    # so they cost only what the device cannot cover, its kernels and its waits for exposed gathers and reductions
+    # (at micro-batch 1 a module's GEMMs are shorter than its hooks; larger micro-batches hide them). The host is
+    # held near the device by the coordinator's waits on at most two in-flight fetches
+    # (partitioned_param_coordinator.py:329-332) and reduce buckets (stage3.py:1305-1308); the step's totals are
+    # compared, a lower bound of the per-module max. Seconds per parameter tensor and pass: the host cost fitted on
+    # our CPU host's ZeRO-3 steps (calibration.TrlCalibration zero3_hook_s), the same Python on a GPU host (an
+    # overestimate where the GPU host's CPU is faster; TensorAuto/OpenTau#177 reports such hooks dominating GPU
+    # steps of models with many small tensors).
+    # The first gather of each pass blocks the hook that fetches it (fetch_sub_module waits on its own module's
+    # parameters, :321-343), so that wait covers no host work.
+    budget = device + (c("k_zero3_s") + c("k_dp_s") - c("k_zero3_wait_s")).clip(lower_bound=0.0)
+    out = out.with_columns(
+        k_hook_s=(cal["zero3_hook_s"] * _zero3_hook_units(gpu=True) - budget).clip(lower_bound=0.0)
+    ).drop("k_zero3_wait_s")
     stage = device + c("k_pp_s") + c("k_launch_s")
     return out.with_columns(
         k_step_s=stage / (1.0 - c("d_bubble_frac")) + c("k_dp_s") + c("k_zero3_s") + c("k_optim_s") + c("d_host_s")
-        + c("k_trl_s"),
+        + c("k_trl_s") + c("k_hook_s"),
     ).with_columns(
         k_bubble_s=stage * c("d_bubble_frac") / (1.0 - c("d_bubble_frac")),
         **{f"k_{p}_frac": c(f"k_{p}_s") / c("k_step_s") for p in (*PARTS, "launch")},

@@ -13,7 +13,7 @@ import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
-from perfpredict.core.schema import STEP_TIME_PARTS
+from perfpredict.core.schema import ENGINE_PARTS, STEP_TIME_PARTS
 from perfpredict.features.descriptors import describe
 from perfpredict.models.bundle import Bundle, default_path
 
@@ -29,6 +29,33 @@ def load_predictor(path: Path | str | None = None) -> Bundle:
     return _load(str(path or default_path()))
 
 
+def _col(df: pl.DataFrame, name: str) -> np.ndarray:
+    """A composed column, zeros where an older composition lacks it."""
+    return df[name].to_numpy() if name in df.columns else np.zeros(df.height)
+
+
+def stall_free_time(b: Bundle, df: pl.DataFrame, t: np.ndarray) -> np.ndarray:
+    """The part of a predicted step that is not the pipeline-stall regime.
+
+    Where a pipeline crosses nodes the measured runs are bimodal: a share of them stall by seconds per micro-batch
+    (the interval key `...|pp-cross-node`, models.plan_model.Correction.interval_keys), and the learned correction
+    averages both modes into one ratio over the composition (a 28-layer model from pp 8 to pp 16 went 9x slower
+    although each rank holds half the layers). The correction is not split by regime yet (that needs a stall
+    classifier and a retrained bundle), so the prediction is read as: stall-free up to the ratio over the
+    composition that the stall-free runs of the same domain reach (the upper 90 % conformal bound of the
+    composition's residuals on the domain's rows whose pipeline stays inside a node), the rest the stall risk the
+    learned layer saw in that regime. The step time is unchanged; its breakdown names the excess (b_stall_s)
+    instead of multiplying compute and communication by it."""
+    k = df["k_step_s"].to_numpy()
+    ceilings = getattr(b.time_intervals, "outside_keys_", {}) or {}
+    cap = np.full(len(t), np.inf)
+    for i, key in enumerate(b.time.interval_keys(df)):
+        base, _, regime = key.partition("|")
+        if regime and base in ceilings:
+            cap[i] = 10.0 ** max(ceilings[base][1], 0.0)
+    return np.minimum(t, k * cap)
+
+
 def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described: bool = False) -> pl.DataFrame:
     """Flat scenario rows -> the same rows with descriptors, the composition and every prediction column."""
     b = bundle or load_predictor()
@@ -37,7 +64,9 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
     b.check_features(df)
     p = b.apply(df)
     t, mem = p["pred_time_s"], p["pred_mem_gib"]
-    ratio = t / df["k_step_s"].to_numpy()
+    free = stall_free_time(b, df, t)
+    # The composition's parts scale with the stall-free ratio; the rest of the step is the stall risk (b_stall_s).
+    ratio = free / df["k_step_s"].to_numpy()
     mratio = mem / df["d_mem_gib"].to_numpy()
     tokens = df["d_tokens_per_step"].to_numpy()
     samples = df["w_global_batch"].to_numpy().astype(float)
@@ -54,12 +83,22 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         # How much of the learned correction applies (1: inside the measured domain, 0: composition alone).
         time_applicability=pl.Series(p["time_weight"]), memory_applicability=pl.Series(p["mem_weight"]),
         mfu=pl.Series(mfu),
-        b_compute_s=pl.Series((df["k_compute_s"] + df["k_launch_s"]).to_numpy() * ratio),
+        # Host-bound time (dispatch, ZeRO-3 hooks the device cannot cover) counts with the compute it delays.
+        b_compute_s=pl.Series((df["k_compute_s"] + df["k_launch_s"] + _col(df, "k_hook_s")).to_numpy() * ratio),
         b_tp_comm_s=pl.Series((df["k_tp_s"] + df["k_cp_s"] + df["k_ep_s"]).to_numpy() * ratio),
         b_dp_comm_s=pl.Series((df["k_dp_s"] + df["k_zero3_s"]).to_numpy() * ratio),
         b_pp_comm_s=pl.Series(df["k_pp_s"].to_numpy() * ratio),
         b_bubble_s=pl.Series(df["k_bubble_s"].to_numpy() * ratio),
         b_optimizer_s=pl.Series((df["k_optim_s"] + df["d_host_s"]).to_numpy() * ratio),
+        # Engine terms inside those parts (models.compose), scaled alike, for --explain: the exposed ZeRO-3/FSDP
+        # parameter gathers, DeepSpeed ZeRO-3's hooks, the exposed gradient reduction, recompute's and the
+        # reference's forward work.
+        e_zero3_gather_s=pl.Series(_col(df, "k_zero3_s") * ratio),
+        e_zero3_hooks_s=pl.Series(_col(df, "k_hook_s") * ratio),
+        e_grad_reduce_s=pl.Series(_col(df, "k_dp_s") * ratio),
+        e_recompute_s=pl.Series(_col(df, "k_recompute_s") * ratio),
+        e_reference_fwd_s=pl.Series(_col(df, "k_reference_s") * ratio),
+        b_stall_s=pl.Series(t - free),
         # The peak rank's parts, scaled like its total: they add up to peak_memory_gib.
         mem_states_gib=pl.Series(df["d_peak_states_gib"].to_numpy() * mratio),
         mem_activations_gib=pl.Series(df["d_peak_act_gib"].to_numpy() * mratio),
@@ -69,9 +108,16 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
     )
     parts = list(STEP_TIME_PARTS)
     names = ["compute", "TP communication", "DP communication", "pipeline communication", "pipeline bubble",
-             "optimizer/offload"]
+             "optimizer/offload", "pipeline stall risk"]
     dom = np.array(names)[np.argmax(out.select(parts).to_numpy(), axis=1)]
     return out.with_columns(dominant=pl.Series(dom))
+
+
+# The engine terms --explain names (label -> column, core.schema ENGINE_PARTS), in models.compose's words.
+ENGINE_TERMS = {"exposed ZeRO-3/FSDP gather": "e_zero3_gather_s", "ZeRO-3 hook overhead": "e_zero3_hooks_s",
+                "exposed grad reduce-scatter/all-reduce": "e_grad_reduce_s", "recompute (of compute)": "e_recompute_s",
+                "reference forward (of compute)": "e_reference_fwd_s"}
+assert tuple(ENGINE_TERMS.values()) == ENGINE_PARTS
 
 
 @dataclass(frozen=True)
@@ -80,6 +126,7 @@ class Prediction:
     tokens_per_s: float
     samples_per_s: float  # pairs per second for preference objectives
     peak_memory_gib: float
+    host_ram_gib: float  # host RAM an offload plan's node pins (features.memory.host_memory); 0 without offload
     fits: bool
     mfu: float
     step_time_interval_s: tuple[float, float]
@@ -94,14 +141,16 @@ class Prediction:
 def _row_prediction(r: dict[str, Any]) -> Prediction:
     return Prediction(
         step_time_s=r["step_time_s"], tokens_per_s=r["tokens_per_s"], samples_per_s=r["samples_per_s"],
-        peak_memory_gib=r["peak_memory_gib"], fits=bool(r["fits"]), mfu=r["mfu"],
+        peak_memory_gib=r["peak_memory_gib"], host_ram_gib=r["d_host_ram_node_gib"], fits=bool(r["fits"]), mfu=r["mfu"],
         step_time_interval_s=(r["step_time_lo_s"], r["step_time_hi_s"]),
         peak_memory_interval_gib=(r["peak_memory_lo_gib"], r["peak_memory_hi_gib"]),
         breakdown={"compute_s": r["b_compute_s"], "tp_comm_s": r["b_tp_comm_s"], "dp_comm_s": r["b_dp_comm_s"],
                    "pp_comm_s": r["b_pp_comm_s"], "bubble_s": r["b_bubble_s"], "optimizer_s": r["b_optimizer_s"],
+                   "stall_s": r["b_stall_s"],
                    "states_gib": r["mem_states_gib"], "activations_gib": r["mem_activations_gib"],
                    "logits_gib": r["mem_logits_gib"], "reference_gib": r["mem_reference_gib"],
-                   "other_gib": r["mem_other_gib"]},
+                   "other_gib": r["mem_other_gib"],
+                   **{k[2:]: r[k] for k in ENGINE_TERMS.values() if k in r}},
         dominant=r["dominant"])
 
 

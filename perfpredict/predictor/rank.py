@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import polars as pl
@@ -15,10 +16,13 @@ from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
 from perfpredict.features.plans import PlanSpace, Rejections, plan_columns_frame
 from perfpredict.models.bundle import Bundle
-from perfpredict.predictor.predict import load_predictor, predict_frame
+from perfpredict.predictor.predict import ENGINE_TERMS, load_predictor, predict_frame
 
 c = pl.col
-__all__ = ["RANK_COLUMNS", "Ranking", "fewest_gpus", "rank_plans", "what_would_fit"]
+STALL_NOTE_SHARE = 0.1  # rank says so when this share of #1's step is the pipeline-stall risk (b_stall_s)
+HOST_RAM_UNBOUNDED_GIB = 1e6  # what_would_fit's "more host RAM": no node limit, the tip names what the plan needs
+__all__ = ["RANK_COLUMNS", "GpuSearch", "Ranking", "fewest_gpus", "host_ram_refused", "rank_plans", "ranking_notes",
+           "what_would_fit"]
 @dataclass
 class Ranking:
     table: pl.DataFrame  # every legal plan, fitting ones first, best predicted throughput first
@@ -65,13 +69,15 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
         raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
                                f"{workload.global_batch}: {reasons}")
     bundle = bundle or load_predictor()
-    df = predict_frame(plans_frame(model, cluster, workload, plans), bundle=bundle)
+    df = predict_frame(_host_ram_checked(model, cluster, workload, plans, rej), bundle=bundle, described=True)
     # Time to finish: the dataset's samples at the predicted rate, plus the one-off reference pass when the
     # reference log-probs are precomputed (a forward over the dataset at the step's achieved FLOP rate).
     rate = c("d_flops_per_step") / c("step_time_s")
     total = c("w_dataset_size").cast(pl.Float64) * c("w_epochs")
     df = df.with_columns(
         plan=_label_expr(),
+        # What is left of GPU memory at the predicted peak, and the host RAM a node's offloaded states pin.
+        headroom_gib=c("g_memory_gib") - c("peak_memory_gib"), host_ram_gib=c("d_host_ram_node_gib"),
         time_to_finish_h=pl.when(total > 0).then(
             (total / c("samples_per_s") + c("d_precompute_flops") / rate) / 3600.0).otherwise(None),
     )
@@ -83,10 +89,53 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
                    cluster=cluster, workload=workload, model=model, oom_margin=bundle.oom_margin)
 
 
+def _host_ram_checked(model: ModelSpec, cluster: Cluster, workload: Workload, plans, rej: Rejections
+                      ) -> pl.DataFrame:
+    """The plans described, less those whose node cannot hold their offloaded states (features.plans
+    .refuse_host_ram, counted in rej); no plan left is the same error as no legal plan."""
+    from perfpredict.features.descriptors import describe
+    from perfpredict.features.plans import refuse_host_ram
+
+    described = refuse_host_ram(describe(plans_frame(model, cluster, workload, plans)),
+                                host_ram_gib_per_node=cluster.host_ram_gib_per_node, rej=rej)
+    if not described.height:
+        reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
+        raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
+                               f"{workload.global_batch}: {reasons}")
+    return described
+
+
+def host_ram_refused(ranking: Ranking) -> int:
+    """How many offload plans the ranking refused because a node cannot hold their offloaded states."""
+    from perfpredict.features.plans import HOST_RAM_REFUSAL
+
+    return sum(n for reason, n in ranking.rejections.counts.items() if reason.startswith(HOST_RAM_REFUSAL))
+
+
+def ranking_notes(ranking: Ranking) -> list[str]:
+    """What a ranking says beside its table: offload plans refused for host RAM (and what they need), and #1's
+    pipeline-stall risk when it is a sizeable share of its step."""
+    from perfpredict.features.plans import HOST_RAM_REFUSAL
+
+    notes = []
+    for reason, n in ranking.rejections.counts.items():
+        if reason.startswith(HOST_RAM_REFUSAL):
+            notes.append(f"{n:,} offload plan(s) refused: {reason} (--host-ram-gib)")
+    top = ranking.fitting.head(1)
+    if top.height and top["b_stall_s"][0] > STALL_NOTE_SHARE * top["step_time_s"][0]:
+        t = top.row(0, named=True)
+        notes.append(f"#1's step of {t['step_time_s']:.3g} s holds {t['b_stall_s']:.3g} s of pipeline-stall risk: its "
+                     "pipeline crosses nodes, where measured runs either stall or do not, and the prediction is their "
+                     f"average; stall-free it would take {t['step_time_s'] - t['b_stall_s']:.3g} s")
+    return notes
+
+
 def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
-                   bundle: Bundle | None = None, gpus_per_node: int | None = None) -> list[str]:
+                   bundle: Bundle | None = None, gpus_per_node: int | None = None,
+                   more_host_ram: bool = False) -> list[str]:
     """When nothing fits: which single change makes some plan fit (more GPUs, a precomputed or offloaded
-    reference), each with the best plan it gives."""
+    reference, and with more_host_ram, when offload plans were refused for it, a node with more host RAM), each
+    with the best plan it gives."""
     tips = []
     variants: list[tuple[str, Cluster, Workload]] = []
     if workload.reference == "live":
@@ -94,6 +143,12 @@ def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, sp
                          replace(workload, reference="precomputed")))
         variants.append(("offload the reference model (--reference offloaded)", cluster,
                          replace(workload, reference="offloaded")))
+    if more_host_ram:  # the offload plans refused for host RAM, alone and with the reference precomputed
+        roomy = replace(cluster, host_ram_gib_per_node=HOST_RAM_UNBOUNDED_GIB)
+        variants.append(("use", roomy, workload))
+        if workload.reference == "live":
+            variants.append(("precompute the reference log-probs (--reference precomputed) and use", roomy,
+                             replace(workload, reference="precomputed")))
     # More GPUs as the one GPU-count rule builds them: fill the node first, then whole nodes.
     per_node = max(gpus_per_node or 0, cluster.gpus_per_node)
     for mult in (2, 4, 8):
@@ -111,35 +166,109 @@ def what_would_fit(*, model: ModelSpec, cluster: Cluster, workload: Workload, sp
         if r.fitting.height:
             best = r.fitting.row(0, named=True)
             unit = "pairs" if wl.is_preference else "samples"
+            if cl.host_ram_gib_per_node == HOST_RAM_UNBOUNDED_GIB:
+                tip = f"{tip} a node with {math.ceil(best['host_ram_gib']):,} GiB of host RAM (--host-ram-gib)"
             tips.append(f"{tip}: best {best['plan']} at {num(best['samples_per_s'])} {unit}/s, "
                         f"{best['peak_memory_gib']:.1f} GiB")
-            if tip.startswith("use"):
+            if tip.startswith("use ") and cl.host_ram_gib_per_node != HOST_RAM_UNBOUNDED_GIB:
                 break
     return tips
 
 
-def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, target_samples_per_s: float,
-                space: PlanSpace | None = None, bundle: Bundle | None = None, max_nodes: int = 128
-                ) -> Ranking | None:
-    """The smallest cluster of this GPU (whole nodes beyond one) whose best fitting plan meets the target."""
+@dataclass
+class GpuSearch:
+    """What `--gpus auto` found: the smallest cluster that meets the goal (a fitting plan, and the throughput target
+    when one is set), else the fastest fitting cluster tried; the counts ranked, and why the search stopped."""
+
+    ranking: Ranking | None  # the smallest cluster meeting the goal, else the fastest fitting one (None: none fits)
+    met: bool
+    tried: tuple[int, ...]
+    stopped: str = ""
+
+
+def gpu_counts(gpus_per_node: int, max_nodes: int = 128) -> tuple[list[int], list[int]]:
+    """The cluster sizes `--gpus auto` tries, smallest first: part of one node (1, 2, 4) and powers of two of whole
+    nodes, then the sizes between them (3, 6, 12 ... nodes), tried only below the first size that meets the goal."""
+    part = [g for g in (1, 2, 4) if g < gpus_per_node]
+    main = part + [gpus_per_node * n for n in (1, 2, 4, 8, 16, 32, 64, 128) if n <= max_nodes]
+    between = [gpus_per_node * n for n in (3, 6, 12, 24, 48, 96) if n <= max_nodes]
+    return main, between
+
+
+# A target the throughput is not reaching: stop after this many larger sizes in a row without a gain of at least
+# PLATEAU_GAIN over the best so far (more GPUs at a fixed global batch run out of data parallelism and pay for
+# deeper pipelines and wider TP), or as soon as even SCALING_SLACK x perfectly linear scaling of the best per-GPU
+# rate found would not reach it on the largest size (the slack covers what more memory buys: no offload, larger
+# micro-batches). Ranking 1,024 GPUs takes seconds, so searching on to say no cost half a minute.
+PLATEAU_COUNTS = 3
+PLATEAU_GAIN = 1.05
+SCALING_SLACK = 4.0
+
+
+def fewest_gpus(*, model: ModelSpec, cluster: Cluster, workload: Workload, target_samples_per_s: float = 0.0,
+                space: PlanSpace | None = None, bundle: Bundle | None = None, max_nodes: int = 128) -> GpuSearch:
+    """The smallest cluster of this GPU (whole nodes beyond one) with a plan predicted to fit, or, with a target,
+    whose best fitting plan meets it. Sizes are tried as gpu_counts orders them: powers of two first, then the sizes
+    between the last one that fell short and the first that met the goal. A target that is not reached: the fastest
+    fitting cluster tried, the search stopping early as PLATEAU_COUNTS and SCALING_SLACK say."""
     gpn = cluster.gpus_per_node
-    counts = [g for g in (1, 2, 4) if g < gpn] + [gpn * n for n in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-                                                  if n <= max_nodes]
-    for g in counts:
+    main, between = gpu_counts(gpn, max_nodes)
+    tried: list[int] = []
+
+    def best_at(g: int) -> Ranking | None:
+        """The ranking of g GPUs when some plan fits there, else None."""
         per_node, nodes = node_shape(g, gpn)
-        cl = replace(cluster, gpus_per_node=per_node, nodes=nodes)
+        tried.append(g)
         try:
-            r = rank_plans(model=model, cluster=cl, workload=workload, space=space, bundle=bundle)
+            r = rank_plans(model=model, cluster=replace(cluster, gpus_per_node=per_node, nodes=nodes),
+                           workload=workload, space=space, bundle=bundle)
         except PerfPredictError:
-            continue
-        if r.fitting.height and r.fitting["samples_per_s"][0] >= target_samples_per_s:
-            return r
-    return None
+            return None
+        return r if r.fitting.height else None
+
+    def meets(r: Ranking | None) -> bool:
+        return r is not None and (target_samples_per_s <= 0 or r.fitting["samples_per_s"][0] >= target_samples_per_s)
+
+    def speed(r: Ranking) -> float:
+        return r.fitting["samples_per_s"][0]
+
+    best: Ranking | None = None
+    since_best, rate, below = 0, 0.0, 0
+    for g in main:
+        r = best_at(g)
+        if meets(r):
+            for h in (h for h in between if below < h < g):  # a smaller size between the last short one and g
+                rh = best_at(h)
+                if meets(rh):
+                    return GpuSearch(ranking=rh, met=True, tried=tuple(tried))
+            return GpuSearch(ranking=r, met=True, tried=tuple(tried))
+        below = g
+        if r is None:
+            since_best += best is not None
+        elif best is None or speed(r) >= PLATEAU_GAIN * speed(best):
+            best, since_best = r, 0
+        else:
+            since_best += 1
+            best = r if speed(r) > speed(best) else best
+        if r is not None:
+            rate = max(rate, speed(r) / g)
+        if best is not None and since_best >= PLATEAU_COUNTS:
+            return GpuSearch(ranking=best, met=False, tried=tuple(tried),
+                             stopped=f"stopped: {PLATEAU_COUNTS} larger sizes in a row gained less than "
+                                     f"{100 * (PLATEAU_GAIN - 1):.0f}%")
+        if rate and rate * main[-1] * SCALING_SLACK < target_samples_per_s:
+            unit = "pairs" if workload.is_preference else "samples"
+            return GpuSearch(ranking=best, met=False, tried=tuple(tried),
+                             stopped=f"out of reach: even {SCALING_SLACK:g}x linear scaling of the best rate per "
+                                     f"GPU found ({num(rate)} {unit}/s) gives {num(rate * main[-1] * SCALING_SLACK)}"
+                                     f" {unit}/s on {main[-1]:,} GPUs")
+    return GpuSearch(ranking=best, met=False, tried=tuple(tried),
+                     stopped=f"no larger size is tried (at most {max_nodes} nodes)")
 
 
 EXPLAIN_PARTS = (("compute", "b_compute_s"), ("TP communication", "b_tp_comm_s"), ("DP communication", "b_dp_comm_s"),
                  ("pipeline communication", "b_pp_comm_s"), ("pipeline bubble", "b_bubble_s"),
-                 ("optimizer/offload", "b_optimizer_s"))
+                 ("optimizer/offload", "b_optimizer_s"), ("pipeline stall risk", "b_stall_s"))
 
 
 def explain(ranking: Ranking) -> str:
@@ -156,10 +285,15 @@ def explain(ranking: Ranking) -> str:
              f"{b['peak_memory_gib']:.1f} GiB",
              f"#1 is {100 * (a['samples_per_s'] / b['samples_per_s'] - 1):.1f}% faster. Per step (s), #1 vs #2:"]
     for name, k in EXPLAIN_PARTS:
-        lines.append(f"  {name:<24} {a[k]:8.3f} vs {b[k]:8.3f}")
+        if k != "b_stall_s" or a[k] or b[k]:  # the stall risk only where a pipeline crosses nodes
+            lines.append(f"  {name:<24} {a[k]:8.3f} vs {b[k]:8.3f}")
     gain, why = diffs[0]
     if gain > 0:
         lines.append(f"The main gain is {why} ({gain:.3f} s less per step).")
+    lines.append("Engine terms (s), #1 vs #2 (models.compose: within the parts above):")
+    for name, k in ENGINE_TERMS.items():
+        if k in a:
+            lines.append(f"  {name:<40} {a[k]:8.3f} vs {b[k]:8.3f}")
     lines.append(f"Memory: states {a['mem_states_gib']:.1f} vs {b['mem_states_gib']:.1f}, activations "
                  f"{a['mem_activations_gib']:.1f} vs {b['mem_activations_gib']:.1f}, logits {a['mem_logits_gib']:.1f} vs "
                  f"{b['mem_logits_gib']:.1f}, reference {a['mem_reference_gib']:.1f} vs {b['mem_reference_gib']:.1f}, "

@@ -1,9 +1,11 @@
 """Turn a ranked plan into the files a team needs to run it.
 
-`emit(target, ...)` returns {filename: text} for one of five targets:
+`emit(target, ...)` returns {filename: text} for one of six targets:
 
 - ``deepspeed``: ``ds_config.json`` + ``accelerate_config.yaml`` (+ the TRL trainer args for preference objectives)
 - ``fsdp``: ``accelerate_fsdp.yaml`` (+ the TRL trainer args for preference objectives)
+- ``fsdp2``: FSDP2 + TP on DTensor: a torchtitan configuration module + ``launch.sh`` (pretraining), or
+  ``launch.sh`` running NeMo-RL's DPO/SFT with its overrides (predictor.emit.fsdp2)
 - ``megatron``: ``megatron_args.txt`` (Megatron-LM arguments, one per line, ``#`` comments)
 - ``trl``: a TRL plan's trainer config (``trl_dpo_args.json`` ...: DPOConfig / CPOConfig / ORPOConfig / KTOConfig
   fields of TRL 1.16) with its accelerate files: ``accelerate_config.yaml`` (DDP), or the deepspeed / fsdp
@@ -32,18 +34,20 @@ from perfpredict.core.workload import Workload
 from perfpredict.predictor.emit.common import Ctx, check_common, fit
 from perfpredict.predictor.emit.deepspeed import deepspeed_files
 from perfpredict.predictor.emit.fsdp import fsdp_files
+from perfpredict.predictor.emit.fsdp2 import fsdp2_files
 from perfpredict.predictor.emit.megatron import megatron_files
 from perfpredict.predictor.emit.torchrun import torchrun_files
 from perfpredict.predictor.emit.trl import trl_files
 
 __all__ = ["TARGETS", "emit", "fitting_targets", "write_emitted"]
 
-TARGETS = ("deepspeed", "fsdp", "megatron", "trl", "torchrun")
+TARGETS = ("deepspeed", "fsdp", "fsdp2", "megatron", "trl", "torchrun")
 
 
 _BUILDERS: dict[str, Callable[[Ctx], dict[str, str]]] = {
     "deepspeed": deepspeed_files,
     "fsdp": fsdp_files,
+    "fsdp2": fsdp2_files,
     "megatron": megatron_files,
     "trl": trl_files,
     "torchrun": torchrun_files,

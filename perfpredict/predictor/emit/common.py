@@ -49,15 +49,9 @@ def _fit_torchrun(plan: Plan, workload: Workload, model: ModelSpec) -> str | Non
     own = CAPABILITIES[plan.framework].emit_target
     if own not in _FIT:
         return f"{plan.framework} plans are not emitted (nanotron reads its own YAML config)"
-    reason = _FIT[own](plan, model)
-    if reason or CAPABILITIES[plan.framework].launcher != "torchrun" or not workload.is_preference:
-        return reason
-    if workload.spec.nemo_aligner_loss is None:
-        return (f"NeMo-Aligner (the Megatron preference trainer launched here) has no {workload.objective} loss; "
-                "its preference_loss accepts dpo, ipo and rpo variants")
-    if plan.zero >= 2 or plan.optimizer_offload:
-        return ("NeMo-Aligner's optimizer is distributed_fused_adam (ZeRO-1-like sharding): no ZeRO-2/3 or "
-                "optimizer offload")
+    # The trainer that runs the objective (NeMo-Aligner's DPO on Megatron, NeMo-RL on FSDP2 ...) and its limits:
+    # core.frameworks' one legality rule.
+    return _FIT[own](plan, model) or why_not(plan, model, objective=workload.objective)
     return None
 
 
@@ -74,7 +68,7 @@ def fit(target: str, plan: Plan, workload: Workload, model: ModelSpec) -> str | 
         return _fit_torchrun(plan, workload, model)
     if target not in _FIT:
         raise PerfPredictError(f"unknown emit target {target!r}; accepted: {', '.join([*_FIT, 'torchrun'])}")
-    return _FIT[target](plan, model)
+    return _FIT[target](plan, model) or why_not(plan, model, objective=workload.objective)
 
 
 # --------------------------------------------------------------------------------------------------------------------

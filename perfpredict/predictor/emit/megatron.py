@@ -123,7 +123,14 @@ def megatron_files(ctx: Ctx) -> dict[str, str]:
             body.append(f"# {comment}")
         body.append(" ".join(shlex.quote(t) for t in toks))
     text = comment_block(ctx.header + [""] + _megatron_notes(ctx)) + "\n".join(body) + "\n"
-    return {"megatron_args.txt": text}
+    files = {"megatron_args.txt": text}
+    if ctx.pref:  # the trainer that runs preference objectives on Megatron (core.frameworks Trainer rows)
+        files["nemo_aligner_overrides.txt"] = (
+            comment_block(ctx.header + ["", "NeMo-Aligner Hydra overrides for examples/nlp/gpt/train_gpt_dpo.py "
+                                        "(the trainer that runs this objective on Megatron; launch.sh of target "
+                                        "torchrun runs it)."])
+            + "\n".join(nemo_aligner_overrides(ctx)) + "\n")
+    return files
 
 
 def nemo_aligner_overrides(ctx: Ctx) -> list[str]:

@@ -8,6 +8,7 @@ from perfpredict.core.frameworks import CAPABILITIES, runtime_of
 from perfpredict.predictor.emit.common import RDZV_PORT, Ctx, comment_block
 from perfpredict.predictor.emit.deepspeed import deepspeed_files
 from perfpredict.predictor.emit.fsdp import fsdp_files
+from perfpredict.predictor.emit.fsdp2 import fsdp2_files
 from perfpredict.predictor.emit.megatron import megatron_files, megatron_tokens, nemo_aligner_overrides
 from perfpredict.predictor.emit.trl import accelerate_launch, trainer, trainer_notes, trl_files
 
@@ -45,6 +46,8 @@ def torchrun_files(ctx: Ctx) -> dict[str, str]:
            ': "${MASTER_ADDR:?set MASTER_ADDR to the address of the node with NODE_RANK=0}"']
     notes: list[str] = []
     cap = CAPABILITIES[p.framework]
+    if cap.emit_target == "fsdp2":  # torchtitan's run_train.sh / NeMo-RL's uv run: its own launch.sh
+        return fsdp2_files(ctx)
     if cap.launcher == "torchrun":
         torchrun = ["torchrun", "--nnodes", str(c.nodes), "--nproc-per-node", str(c.gpus_per_node),
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"$MASTER_ADDR:{RDZV_PORT}",

@@ -1,0 +1,192 @@
+"""What the engines do on GPUs (issue 19 item 3), as the composition models it, and the physics it keeps:
+DeepSpeed ZeRO-3's gathers across nodes (a slower inter-node link is strictly slower, a larger micro-batch hides more
+of the gather) and its per-module hooks, ZeRO-3/FSDP gathers and reduce-scatters sharing the backward, recompute
+granularity per framework (torchtitan's per-op SAC) and a live reference costing time, the trainers that run each
+objective with their reference handling, the FSDP2 + TP runtime, and --explain naming those terms."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+import perfpredict
+from perfpredict.core import Cluster, PerfPredictError, Plan, Scenario, Workload, get_gpu, get_model
+from perfpredict.core.frameworks import CAPABILITIES, reference_handling, why_not
+from perfpredict.features.descriptors import describe
+from perfpredict.features.frame import plans_frame
+from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
+from perfpredict.predictor.emit import emit
+from perfpredict.predictor.predict import predict_frame
+from perfpredict.predictor.rank import explain
+
+c = pl.col
+H100 = get_gpu("h100-sxm-80gb")
+LLAMA8 = get_model("llama-3.1-8b")
+
+
+def _frame(framework: str, gpus: int, mbs: tuple[int, ...], *, zero: int = 3, objective: str = "dpo",
+           recompute: str = "none", global_batch: int | None = None) -> pl.DataFrame:
+    cluster = Cluster(H100, 8, gpus // 8)
+    gb = global_batch or gpus * 16
+    w = Workload(objective=objective, seq_len=2048, global_batch=gb)
+    plans = [Plan(framework=framework, dp=gpus, zero=zero, micro_batch=mb, grad_accum=gb // (gpus * mb),
+                  recompute=recompute) for mb in mbs]
+    return plans_frame(LLAMA8, cluster, w, plans)
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "fsdp", "trl+deepspeed"])
+def test_zero3_across_nodes_slower_inter_node_link_is_strictly_slower(framework):
+    flat = _frame(framework, 32, (1, 2, 4))
+    slow = flat.with_columns(c_inter_bw_gb_per_s=c("c_inter_bw_gb_per_s") / 4.0)
+    t0, t1 = predict_frame(flat)["step_time_s"].to_numpy(), predict_frame(slow)["step_time_s"].to_numpy()
+    assert np.all(t1 > t0), (t0, t1)
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "fsdp"])
+def test_larger_micro_batch_hides_more_of_the_zero3_gather(framework):
+    """Same global batch, fewer and larger micro-batches: the same compute, fewer gathers of the whole model, so
+    less of them is exposed (and DeepSpeed's hooks, a fixed host cost per module and pass, hide behind more)."""
+    df = predict_frame(_frame(framework, 32, (1, 2, 4)))
+    gather = df["e_zero3_gather_s"].to_numpy()
+    assert gather[0] > gather[1] > gather[2] >= 0.0, gather
+    hooks = df["e_zero3_hooks_s"].to_numpy()
+    assert np.all(np.diff(hooks) <= 1e-12), hooks
+    share = (gather + hooks) / df["step_time_s"].to_numpy()
+    assert share[0] > share[2]
+
+
+def test_deepspeed_zero3_hooks_cost_time_on_gpus_only_where_they_run():
+    """DeepSpeed ZeRO-3 runs Python hooks per module on the host (also at micro-batch 1 on a GPU, where its GEMMs
+    are shorter than the hooks); FSDP and DeepSpeed ZeRO-2 have none of them."""
+    ds = predict_frame(_frame("deepspeed", 8, (1,)))
+    assert ds["e_zero3_hooks_s"][0] > 0.0
+    for fw, zero in (("fsdp", 3), ("deepspeed", 2)):
+        assert predict_frame(_frame(fw, 8, (1,), zero=zero))["e_zero3_hooks_s"][0] == 0.0
+    fsdp = predict_frame(_frame("fsdp", 8, (1,)))
+    assert ds["step_time_s"][0] > fsdp["step_time_s"][0]
+
+
+@pytest.mark.parametrize("framework, objective", [("fsdp2", "pretrain"), ("megatron", "pretrain"),
+                                                  ("trl+fsdp", "dpo")])
+def test_recompute_and_a_live_reference_cost_time(framework, objective):
+    model, cluster = LLAMA8, Cluster(H100, 8, 1)
+    w = Workload(objective=objective, seq_len=2048, global_batch=64)
+    tp = 2 if CAPABILITIES[framework].tp else 1
+    zero = 3 if framework != "megatron" else 1
+    rcs = [r for r in ("none", "selective", "full") if r in CAPABILITIES[framework].recompute]
+    plans = [Plan(framework=framework, tp=tp, dp=8 // tp, zero=zero, micro_batch=2, grad_accum=64 // (2 * 8 // tp),
+                  recompute=r) for r in rcs]
+    df = predict_frame(plans_frame(model, cluster, w, plans))
+    t, rc = df["step_time_s"].to_numpy(), df["e_recompute_s"].to_numpy()
+    assert np.all(np.diff(t) > 0), t
+    assert rc[0] == 0.0 and np.all(rc[1:] > 0.0) and np.all(np.diff(rc) > 0), rc
+    if objective == "dpo":
+        flat = plans_frame(model, cluster, w, plans[:1])
+        live = predict_frame(flat.with_columns(w_reference=pl.lit("live")))
+        pre = predict_frame(flat.with_columns(w_reference=pl.lit("precomputed")))
+        assert live["step_time_s"][0] > pre["step_time_s"][0]
+        assert live["e_reference_fwd_s"][0] > 0.0 == pre["e_reference_fwd_s"][0]
+
+
+def test_torchtitan_selective_recomputes_half_the_matmuls_megatron_the_attention():
+    """torchtitan's per-op SAC (every second matmul and the elementwise ops) costs more than Megatron's selective
+    (the core attention) on the same layout, and less than full recompute."""
+    cluster, w = Cluster(H100, 8, 1), Workload(objective="pretrain", seq_len=2048, global_batch=64)
+    rows = []
+    for fw in ("fsdp2", "megatron"):
+        for rc in ("selective", "full"):
+            rows.append(Plan(framework=fw, tp=2, dp=4, zero=1 if fw == "megatron" else 3, micro_batch=2,
+                             grad_accum=8, recompute=rc))
+    df = predict_frame(plans_frame(LLAMA8, cluster, w, rows))
+    rc = df["e_recompute_s"].to_numpy()
+    sac, full_t, meg_sel, meg_full = rc
+    assert meg_sel < sac < full_t and meg_sel < meg_full
+    flops = describe(plans_frame(LLAMA8, cluster, w, rows))["d_flops_per_step"].to_numpy()
+    assert flops[2] < flops[0] < flops[1]
+
+
+def test_fsdp2_tp_plans_with_selective_checkpointing_are_accepted_and_ranked():
+    sc = Scenario.from_dict({"model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
+                             "workload": {"objective": "pretrain", "global_batch": 64, "seq_len": 2048},
+                             "plan": {"framework": "fsdp2", "tp": 2, "sequence_parallel": True, "zero": 3,
+                                      "recompute": "selective", "micro_batch": 2}})
+    assert perfpredict.predict(sc).step_time_s > 0
+    plans = list(enumerate_plans(LLAMA8, Cluster(H100, 8, 1), Workload(objective="pretrain", global_batch=64),
+                                 PlanSpace(frameworks=("fsdp2",))))
+    assert {p.recompute for p in plans} == {"none", "selective", "full"} and any(p.tp > 1 for p in plans)
+    assert any(p.sequence_parallel for p in plans)
+    # HF gradient checkpointing still recomputes whole layers: the refusal names who runs selective.
+    msg = why_not(Plan(framework="deepspeed", dp=8, zero=3, recompute="selective"))
+    assert "fsdp2" in msg and "megatron" in msg
+
+
+def test_objectives_rank_only_where_a_real_trainer_runs_them():
+    cluster = Cluster(H100, 8, 1)
+    dpo = Workload(objective="dpo", global_batch=64)
+    rej = Rejections()
+    plans = list(enumerate_plans(LLAMA8, cluster, dpo, PlanSpace(frameworks=("megatron", "nanotron", "fsdp2")),
+                                 rejections=rej))
+    assert not any(p.framework == "nanotron" for p in plans)
+    # NeMo-Aligner's DPO: distributed_fused_adam (zero <= 1), no optimizer offload.
+    assert all(p.zero <= 1 and not p.optimizer_offload for p in plans if p.framework == "megatron")
+    # NeMo-RL's DTensor DPO: no recompute we model.
+    assert all(p.recompute == "none" for p in plans if p.framework == "fsdp2")
+    assert any("no trainer runs dpo" in k for k in rej.counts)
+    with pytest.raises(PerfPredictError, match="no Megatron-LM trainer runs simpo"):
+        Scenario.from_dict({"model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
+                            "workload": {"objective": "simpo", "global_batch": 64},
+                            "plan": {"framework": "megatron", "tp": 2, "zero": 1}})
+    with pytest.raises(PerfPredictError, match="NeMo-Aligner"):
+        Scenario.from_dict({"model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
+                            "workload": {"objective": "dpo", "global_batch": 64},
+                            "plan": {"framework": "megatron", "tp": 2, "zero": 3}})
+
+
+def test_live_reference_is_held_as_the_trainer_holds_it():
+    assert reference_handling("megatron", "dpo", "live") == "offloaded"
+    assert reference_handling("fsdp2", "dpo", "live") == "offloaded"
+    assert reference_handling("trl+deepspeed", "dpo", "live") == "live"
+    assert reference_handling("megatron", "dpo", "precomputed") == "precomputed"
+    w = Workload(objective="dpo", seq_len=2048, global_batch=64)
+    plans = [Plan(framework="megatron", tp=2, dp=4, zero=1, micro_batch=1, grad_accum=16),
+             Plan(framework="deepspeed", dp=8, zero=1, micro_batch=1, grad_accum=8)]
+    d = describe(plans_frame(LLAMA8, Cluster(H100, 8, 1), w, plans))
+    assert d["w_reference"].to_list() == ["offloaded", "live"]
+    # NeMo-Aligner's cpu_weight_swap moves the rank's bf16 weights three times per step (out, reference in, back).
+    assert d["d_host_bytes"][0] == pytest.approx(3 * 2.0 * d["d_params_rank"][0])
+    assert d["d_host_bytes"][1] == 0.0
+
+
+@pytest.mark.parametrize("framework", ["trl", "fsdp2"])
+def test_rank_explains_llama8b_dpo_on_8_h100_by_engine_terms(framework):
+    from perfpredict.predictor.rank import rank_plans
+
+    r = rank_plans(model=LLAMA8, cluster=Cluster(H100, 8, 1), workload=Workload(objective="dpo", global_batch=64),
+                   space=PlanSpace(frameworks=(framework,)))
+    assert r.fitting.height >= 2
+    text = explain(r)
+    for term in ("exposed ZeRO-3/FSDP gather", "ZeRO-3 hook overhead", "exposed grad reduce-scatter",
+                 "recompute", "reference forward"):
+        assert term in text, text
+    top = r.fitting.row(0, named=True)
+    assert top["e_reference_fwd_s"] > 0.0  # DPO's reference forward is named, whoever holds it
+
+
+def test_fsdp2_emits_its_trainers_config():
+    cluster = Cluster(H100, 8, 1)
+    plan = Plan(framework="fsdp2", tp=2, dp=4, sequence_parallel=True, zero=3, micro_batch=2, grad_accum=8,
+                recompute="selective")
+    pre = emit("fsdp2", model=LLAMA8, cluster=cluster, workload=Workload(objective="pretrain", global_batch=64),
+               plan=plan)
+    mod = pre["perfpredict_torchtitan.py"]
+    assert "SelectiveAC.Config()" in mod and "tensor_parallel_degree=2" in mod and "data_parallel_shard_degree=4" in mod
+    assert "MODULE=perfpredict_torchtitan" in pre["launch.sh"]
+    dpo = emit("torchrun", model=LLAMA8, cluster=cluster, workload=Workload(objective="dpo", global_batch=64),
+               plan=Plan(framework="fsdp2", tp=2, dp=4, sequence_parallel=True, zero=3, micro_batch=2, grad_accum=8))
+    launch = dpo["launch.sh"]
+    assert "examples/run_dpo.py" in launch and "policy.dtensor_cfg.tensor_parallel_size=2" in launch
+    assert "policy.train_micro_batch_size=2" in launch and "pinned host memory" in launch
+    meg = emit("megatron", model=LLAMA8, cluster=cluster, workload=Workload(objective="dpo", global_batch=64),
+               plan=Plan(framework="megatron", tp=2, dp=4, zero=1, micro_batch=2, grad_accum=8))
+    assert "++model.dpo.preference_loss=dpo" in meg["nemo_aligner_overrides.txt"]
