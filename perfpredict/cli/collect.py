@@ -25,13 +25,18 @@ def _command() -> str:
 def probes(quick: bool = typer.Option(False, "--quick", help="A < 2 minute subset (CPU)."),
            out: Path | None = typer.Option(None, "--out", help="Folder for probes.parquet "
                                            "(default datasets/ours/<hardware hash>)."),
-           seed: int = typer.Option(0, "--seed", help="Seed of the shape sampling.")) -> None:
-    """GEMM, attention, memory-bound and collective probes -> probes.parquet."""
-    from perfpredict.collect.probes.suite import run_probes
+           seed: int = typer.Option(0, "--seed", help="Seed of the shape sampling."),
+           families: list[str] | None = typer.Option(None, "--families", help="Probe families (repeatable): gemm, "
+                                                     "attention, memory, comm (default: these four), or trl alone "
+                                                     "(the ops TRL's Llama really runs -> probes-trl.parquet).")
+           ) -> None:
+    """GEMM, attention, memory-bound and collective probes -> probes.parquet (--families trl: probes-trl.parquet)."""
+    from perfpredict.collect.probes.suite import DEFAULT_FAMILIES, run_probes
     from perfpredict.core.console import stderr_console
 
     console = stderr_console(piped_width=None)
     path, df = run_probes(quick=quick, out_dir=out, command=_command(), seed=seed,
+                          families=tuple(families) if families else DEFAULT_FAMILIES,
                           log=lambda s: console.print(f"[dim]{s}[/]"))
     bad = df.filter(df["outcome"] != "ok").height
     console.print(f"{df.height} probe rows ({bad} failed) appended to {path}")

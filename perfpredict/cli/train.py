@@ -27,8 +27,8 @@ from perfpredict.core.formatting import missing, pct
 
 TABLE_COLUMNS = (
     ("variant", "variant"), ("split", "split"), ("source", "source"), ("trl_mode", "TRL trainer x reference"),
-    ("time_n", "n"), ("time_mape", "MAPE"), ("time_median_ape", "med"), ("time_p90_ape", "p90"),
-    ("time_composed_mape", "composed"), ("time_analytic_mape", "analytic"), ("time_coverage", "cover90"),
+    ("fold", "held-out host"), ("time_n", "n"), ("time_mape", "MAPE"), ("time_bias", "bias"), ("time_median_ape", "med"), ("time_p90_ape", "p90"),
+    ("time_composed_mape", "composed"), ("time_composed_bias", "bias"), ("time_analytic_mape", "analytic"), ("time_coverage", "cover90"),
     ("time_weight_mean", "applic."), ("mem_n", "mem n"), ("mem_mape", "mem MAPE"),
     ("mem_analytic_mape", "analytic"), ("mem_coverage", "cover90"), ("false_oom", "false OOM"),
     ("false_oom_analytic", "analytic"), ("rank_spearman", "Spearman"), ("rank_top1_regret", "regret"),
@@ -83,7 +83,8 @@ def evaluate_cmd(
     data: DataOpt = Path("datasets"),
     seed: SeedOpt = 0,
     split: Annotated[list[str] | None, typer.Option(help="splits to run (repeat): model, width, scale, hardware, "
-                                                          "trl-shape, largest (the test partition); default all")] = None,
+                                                          "trl-shape, trl-host, largest (the test partition); "
+                                                          "default all")] = None,
     variant: Annotated[list[str] | None, typer.Option(help="correction variants to compare (repeat): absolute, "
                                                             "scale-free, scale-free+domain (shipped)")] = None,
     subset: Annotated[int, typer.Option(help="evaluate on a random subset of N runs (quick check)")] = 0,
@@ -92,8 +93,8 @@ def evaluate_cmd(
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
     json_out: JsonOpt = None,
 ) -> None:
-    """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, and the
-    untouched test partition (each source's largest model). The generation model: `perfpredict generate evaluate`.
+    """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, one TRL shape
+    or one host's TRL runs out (trl-host), and the untouched test partition (each source's largest model). The generation model: `perfpredict generate evaluate`.
 
     Step-time MAPE, median and p90 APE beside the composition-only and analytic baselines, 90%-interval coverage,
     mean applicability of the correction, peak-memory errors, false-OOM rate, ranking Spearman and top-1 regret."""
@@ -113,6 +114,10 @@ def evaluate_cmd(
     trl = res.get("metrics_trl")
     if trl is not None and trl.height:
         say(metrics_table(trl, "TRL runs per trainer x reference mode (trl-shape: each TRL model shape held out)"))
+    host = res.get("metrics_trl_host")
+    if host is not None and host.height:
+        say(metrics_table(host, "leave-one-host-out, TRL (trl-host: a host's TRL runs held out, its probes kept; "
+                                "bias = median of predicted / measured - 1)"))
     if json_out:
         write_text(json_out, json.dumps(metrics_records(res), indent=1, default=str))
     if plot is not None:

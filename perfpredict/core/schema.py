@@ -68,6 +68,10 @@ PROBE_COLUMNS = {
 }
 
 ATTN_IMPLS = ("flash2", "flash3", "cudnn", "mem_efficient", "math", "sdpa-cpu")
+# Probe ops of the `trl` family (collect.probes.trl_ops): what transformers' Llama and TRL's fused head run, timed as a
+# whole beside the generic kernels. No kernel model learns from them (models.kernels skips them); models.trl_scales
+# reads each against the generic kernel models' time for the same work.
+TRL_OPS = ("trl_sdpa", "trl_linears", "trl_elementwise", "trl_head")
 
 LABEL_COLUMNS = {
     "run_id": pl.Utf8,

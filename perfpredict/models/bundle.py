@@ -76,11 +76,14 @@ def check_trl_calibration(cal: Any, where: str) -> dict[str, float] | None:
         raise PerfPredictError(f"{where}: trl_calibration is {cal!r}; expected a mapping of "
                                f"{', '.join(TRL_CALIBRATION)} to numbers; retrain with `perfpredict train`")
     for key, v in cal.items():
-        if key not in TRL_CALIBRATION or not isinstance(v, int | float) or isinstance(v, bool) \
-                or not math.isfinite(v) or v < 0.0:
+        # "<scale>@<hardware>": a host's scale measured by its TRL-op probes (models.trl_scales).
+        base, _, hw = str(key).partition("@")
+        per_host = bool(hw) and base.endswith("_scale")
+        if (base not in TRL_CALIBRATION or ("@" in str(key) and not per_host)) or not isinstance(v, int | float) \
+                or isinstance(v, bool) or not math.isfinite(v) or v < 0.0:
             raise PerfPredictError(f"{where}: trl_calibration[{key!r}] = {v!r}; expected keys among "
-                                   f"{', '.join(TRL_CALIBRATION)} with finite values >= 0; retrain with "
-                                   "`perfpredict train`")
+                                   f"{', '.join(TRL_CALIBRATION)} (a scale also as <scale>@<hardware>) with finite "
+                                   "values >= 0; retrain with `perfpredict train`")
     return dict(cal)
 
 

@@ -46,6 +46,11 @@ TRL_SCALE_BOUNDS = (0.25, 8.0)
 ZERO3_HOOK_BOUNDS_S = (0.0, 0.01)
 DEEPSPEED_STEP_BOUNDS_S = (0.0, 0.5)
 MIN_TRL_ROWS = 10
+# The residual between a host's TRL-op probe ratios and its fitted step-level scales (TrlCalibration): what the
+# composition counts beyond the probed ops, shared by every probed host.
+RESIDUAL_BOUNDS = (0.1, 4.0)
+MIN_PROBED_HOSTS = 2
+TRL_SCALE_NAMES = tuple(f"{f}_scale" for f in TRL_FAMILIES) + ("fold_scale",)
 
 
 def _kernels(est: BaseEstimator) -> KernelModel:
@@ -123,28 +128,50 @@ class TrlCalibration(BaseEstimator):
     squares on relative error (each step weighted by 1/measured) over the composition with `launch_floor` (a
     LaunchFloor's `floors_`; None: compose.LAUNCH_FLOOR_S); the defaults without at least `min_rows` such steps.
 
-    `calibration_` is the mapping compose(trl_calibration=...) reads."""
+    `probe_scales` ({hardware: {scale: ratio}}, models.trl_scales.trl_probe_scales) are the hosts whose TRL-op probes
+    measured their TRL efficiency per family. A probed host's scale is its measured ratio times a residual shared by
+    every host (`residuals_`: what the step-level composition counts beyond the probed ops; fitted on the TRL steps
+    of probed hosts), so a new host's TRL efficiency comes from its own probes. The constants (the fallback of every
+    host without TRL-op probes) are fitted on the other hosts' steps (on all steps where every host is probed).
+    The residuals need the TRL steps of at least `min_probed_hosts` probed hosts: over one host, ratio x residual is
+    that host's own refit and the probes add nothing (on our data that refit was worse on held-out shapes than the
+    constants pooled over both hosts: 12.6 vs 11.8 % on the AVX-512 EPYC, 13.6 vs 12.6 % on the AVX2 one). Until
+    then every host falls back to the constants, and `probe_fallback_` says why.
+
+    `calibration_` is the mapping compose(trl_calibration=...) reads: the constants, the host terms and each probed
+    host's scales as "<scale>@<hardware>". `measured_hosts_` names the hosts read from probes."""
 
     def __init__(self, kernels: KernelModel | None = None, *, launch_floor: dict[str, float] | None = None,
                  scale_bounds: tuple[float, float] = TRL_SCALE_BOUNDS,
                  zero3_hook_bounds_s: tuple[float, float] = ZERO3_HOOK_BOUNDS_S,
-                 deepspeed_step_bounds_s: tuple[float, float] = DEEPSPEED_STEP_BOUNDS_S, min_rows: int = MIN_TRL_ROWS):
+                 deepspeed_step_bounds_s: tuple[float, float] = DEEPSPEED_STEP_BOUNDS_S, min_rows: int = MIN_TRL_ROWS,
+                 probe_scales: dict[str, dict[str, float]] | None = None,
+                 residual_bounds: tuple[float, float] = RESIDUAL_BOUNDS,
+                 min_probed_hosts: int = MIN_PROBED_HOSTS):
         self.kernels = kernels
         self.launch_floor = launch_floor
         self.scale_bounds = scale_bounds
         self.zero3_hook_bounds_s = zero3_hook_bounds_s
         self.deepspeed_step_bounds_s = deepspeed_step_bounds_s
         self.min_rows = min_rows
+        self.probe_scales = probe_scales
+        self.residual_bounds = residual_bounds
+        self.min_probed_hosts = min_probed_hosts
 
     def fit(self, X: pl.DataFrame, y) -> TrlCalibration:
-        from scipy.optimize import lsq_linear
-
         kernels = _kernels(self)
         y_s = _targets(X, y)
+        probed = {hw: dict(v) for hw, v in (self.probe_scales or {}).items()
+                  if all(k in v for k in TRL_SCALE_NAMES)}
         trl = X.select(_trl_cpu().fill_null(False)).to_series().to_numpy()
         self.n_rows_ = int(trl.sum())
+        self.measured_hosts_: list[str] = []
+        self.residuals_: dict[str, float] = {}
+        self.probe_fallback_ = None if probed else "no host has TRL-op probes (collect probes --families trl)"
         if trl.sum() < self.min_rows:
             self.calibration_ = dict(TRL_CALIBRATION)
+            if probed:
+                self.probe_fallback_ = f"fewer than {self.min_rows} TRL steps on CPU to fit the residuals on"
             return self
         sub = X.filter(pl.Series(trl))
         ident = {**TRL_CALIBRATION, "fold_scale": 0.0}
@@ -155,15 +182,47 @@ class TrlCalibration(BaseEstimator):
                                  sub.select(_deepspeed_steps()).to_series().to_numpy()])
         y = y_s[trl]
         rest = base["k_step_s"].to_numpy() - fam[:, :3].sum(axis=1)  # launch, optimizer, host: kept as composed
-        w = 1.0 / y
-        lo, hi = self.scale_bounds
-        bounds = ([lo] * 4 + [self.zero3_hook_bounds_s[0], self.deepspeed_step_bounds_s[0]],
-                  [hi] * 4 + [self.zero3_hook_bounds_s[1], self.deepspeed_step_bounds_s[1]])
-        x = lsq_linear(fam * w[:, None], (y - rest) * w, bounds=bounds).x
+        x = self._solve(fam, y, rest)  # every step's fit: the constants where every host is probed
+        hw = sub["g_name"].to_numpy()
+        is_probed = np.isin(hw, list(probed))
+        n_hosts = len(set(hw[is_probed]))
+        if probed and n_hosts < self.min_probed_hosts:
+            self.probe_fallback_ = (f"TRL steps of {n_hosts} host(s) with TRL-op probes in training, "
+                                    f"{self.min_probed_hosts} needed to tell the residual between probed ops and "
+                                    "composed steps from one host's own efficiency: the fitted constants apply")
+        elif is_probed.any():
+            # One solve: the constants on unprobed hosts' steps, the residuals on probed hosts' steps (their
+            # families times their measured ratios), the host terms on all.
+            ratio = np.array([[probed.get(h, {}).get(k, 0.0) for k in TRL_SCALE_NAMES] for h in hw])
+            design = np.column_stack([fam[:, :4] * ~is_probed[:, None], fam[:, :4] * ratio * is_probed[:, None],
+                                      fam[:, 4:]])
+            r_lo, r_hi = self.residual_bounds
+            lo, hi = self.scale_bounds
+            xx = self._solve(design, y, rest, bounds=([lo] * 4 + [r_lo] * 4, [hi] * 4 + [r_hi] * 4))
+            # A term no training step exercises (no unprobed host, no DeepSpeed step) keeps the every-step fit.
+            seen = design.any(axis=0)
+            x = np.where(np.r_[seen[:4], seen[8:]], np.r_[xx[:4], xx[8:]], x)
+            self.residuals_ = {k: float(v) for k, v in zip(TRL_SCALE_NAMES, xx[4:8], strict=True)}
+            self.measured_hosts_ = sorted(probed)
+        own = {f"{k}@{h}": float(np.clip(d[k] * self.residuals_[k], *self.scale_bounds))
+               for h, d in probed.items() for k in TRL_SCALE_NAMES} if self.residuals_ else {}
         self.calibration_ = {"gemm_scale": float(x[0]), "attention_scale": float(x[1]),
                              "membound_scale": float(x[2]), "fold_scale": float(x[3]), "zero3_hook_s": float(x[4]),
-                             "deepspeed_step_s": float(x[5])}
+                             "deepspeed_step_s": float(x[5]), **own}
         return self
+
+    def _solve(self, fam: np.ndarray, y: np.ndarray, rest: np.ndarray,
+               bounds: tuple[list[float], list[float]] | None = None) -> np.ndarray:
+        """Bounded least squares of (y - rest) on fam's columns, relative error: the scale columns (`bounds`, default
+        four scales), then the two host terms."""
+        from scipy.optimize import lsq_linear
+
+        w = 1.0 / y
+        lo, hi = self.scale_bounds
+        lo_s, hi_s = bounds or ([lo] * 4, [hi] * 4)
+        bnd = (list(lo_s) + [self.zero3_hook_bounds_s[0], self.deepspeed_step_bounds_s[0]],
+               list(hi_s) + [self.zero3_hook_bounds_s[1], self.deepspeed_step_bounds_s[1]])
+        return lsq_linear(fam * w[:, None], (y - rest) * w, bounds=bnd).x
 
     def predict(self, X: pl.DataFrame) -> np.ndarray:
         """Composed step seconds with `launch_floor` and this calibration."""

@@ -365,6 +365,15 @@ def _trl_cpu() -> pl.Expr:
     return is_trl() & on_cpu()
 
 
+def trl_scale(cal: dict[str, float], key: str) -> pl.Expr:
+    """One TRL scale per row: the host's own, measured by its TRL-op probes (models.trl_scales, keys
+    "<key>@<hardware>"), else the fitted constant `cal[key]`."""
+    own = {k.split("@", 1)[1]: v for k, v in cal.items() if k.startswith(f"{key}@")}
+    if not own:
+        return pl.lit(cal.get(key, TRL_CALIBRATION[key]))
+    return c("g_name").replace_strict(own, default=cal.get(key, TRL_CALIBRATION[key]), return_dtype=pl.Float64)
+
+
 def _deepspeed_steps() -> pl.Expr:
     """1 for a TRL DeepSpeed plan on CPU (its engine's per-step host work), 0 elsewhere."""
     return (_trl_cpu() & runtime_is(lambda r: r.engine_step_host_work)).cast(pl.Float64)
@@ -432,7 +441,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
 
 def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float] | None = None) -> pl.DataFrame:
     """The step from _kernel_parts: launch floor, overlaps, TRL calibration, bubble."""
-    cal = cal or TRL_CALIBRATION
+    cal = {**TRL_CALIBRATION, **(cal or {})}
     n_untimed = (c("p_grad_accum") * c("d_layers_max")
                  * (UNTIMED_FWD_PER_LAYER * forward_passes() + UNTIMED_BWD_PER_LAYER))
     overlap = c("d_runtime").replace_strict(OVERLAP_GRAD_REDUCE, default=False, return_dtype=pl.Boolean)
@@ -473,10 +482,10 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     hidden = launch_floor_s(c("g_name"), floors, "_hidden").clip(0.0, 1.0)
     out = out.with_columns(k_launch_s=(c("k_host_s") - hidden * device).clip(lower_bound=0.0)).drop("k_host_s")
     trl_cpu = _trl_cpu()
-    extra = sum((cal[f"{f}_scale"] - 1.0) * c(f"k_{f}_s") for f in TRL_FAMILIES)
+    extra = sum((trl_scale(cal, f"{f}_scale") - 1.0) * c(f"k_{f}_s") for f in TRL_FAMILIES)
     out = out.with_columns(
         k_trlfold_unit_s=c("k_trlfold_raw_s"),
-        k_trl_s=c("k_trlfold_raw_s") * cal["fold_scale"] + cal["zero3_hook_s"] * _zero3_hook_units()
+        k_trl_s=c("k_trlfold_raw_s") * trl_scale(cal, "fold_scale") + cal["zero3_hook_s"] * _zero3_hook_units()
         + cal["deepspeed_step_s"] * _deepspeed_steps(),
         k_compute_s=c("k_compute_s") + pl.when(trl_cpu).then(extra).otherwise(0.0),
     ).drop("k_trlfold_raw_s")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from perfpredict.core.schema import TRL_OPS
 from perfpredict.models.gb import GBRegressor
 from perfpredict.models.hardware_frame import with_hardware
 
@@ -158,6 +159,8 @@ class KernelModel:
         return np.where(cpu, fam + ".cpu", fam)
 
     def fit(self, probes: pl.DataFrame) -> KernelModel:
+        # The trl family's probes time whole TRL ops against these models (models.trl_scales); none learns from them.
+        probes = probes.filter(~c("op").is_in(list(TRL_OPS)))
         df = self.prepare(probes.filter((c("outcome").fill_null("ok") == "ok") & (c("time_s") > 0)))
         self.models_ = {}
         self.feature_names_ = {}

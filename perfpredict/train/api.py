@@ -27,4 +27,14 @@ def training_summary(path: Path | str) -> str:
     iv = meta["intervals_log10"]
     return (f"trained on {meta['rows']} -> [bold]{path}[/]\n"
             f"launch floor per kernel {meta['launch_floor_s']}; OOM margin {meta['oom_margin']:+.3f}; 90% "
-            f"intervals (log10) outside the data: time {iv['time']['outside']}, memory {iv['memory']['outside']}")
+            f"intervals (log10) outside the data: time {iv['time']['outside']}, memory {iv['memory']['outside']}"
+            + _trl_scales_line(meta))
+
+
+def _trl_scales_line(meta: dict) -> str:
+    """Where TRL's per-family efficiencies on CPU come from: the hosts' own TRL-op probes, or the fitted constants
+    (and why)."""
+    hosts, why = meta.get("trl_probe_hosts"), meta.get("trl_probe_fallback")
+    if hosts:
+        return f"\nTRL scales from TRL-op probes on {', '.join(hosts)}; other CPU hosts: the fitted constants"
+    return f"\nTRL scales: the fitted constants ({why})" if why else ""

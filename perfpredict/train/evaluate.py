@@ -9,6 +9,9 @@ a held-out hardware refits the kernel models without that hardware's probes too)
 - hardware: leave one hardware out;
 - trl-shape: leave one TRL model shape out (`perfpredict collect trl` rows, source ours-cpu-trl), trained on every
   other row; scored per trainer x reference mode (metrics_trl);
+- trl-host: leave one host's TRL runs out (by the catalog entry its rows read as, core.dataset.on_measuring_host),
+  trained on every other row; the host's kernel probes (and TRL-op probes, if any) stay in, as when a user probes a
+  new machine and asks about TRL on it; scored per held-out host (metrics_trl_host). Needs TRL rows of two hosts;
 - largest: the test partition. Each source's largest model is held out of every other split and of every
   modelling choice; it is scored once, by models trained on everything else.
 The composition alone and the analytic estimate are scored on the same rows, so the value the learning adds is
@@ -24,14 +27,16 @@ import polars as pl
 from scipy.stats import spearmanr
 
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.schema import TRL_OPS
+from perfpredict.features.compute import on_cpu
 from perfpredict.features.trl import is_trl, trl_mode
 from perfpredict.models.kernels import KernelModel
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle
 
 c = pl.col
-SPLITS = ("model", "width", "scale", "hardware", "trl-shape", "largest")
-DEV_SPLITS = ("model", "width", "scale", "hardware", "trl-shape")
+SPLITS = ("model", "width", "scale", "hardware", "trl-shape", "trl-host", "largest")
+DEV_SPLITS = ("model", "width", "scale", "hardware", "trl-shape", "trl-host")
 
 
 def partition_mask(runs: pl.DataFrame) -> pl.Series:
@@ -67,6 +72,14 @@ def folds(runs: pl.DataFrame, split: str) -> Iterator[tuple[str, np.ndarray]]:
         for g in sorted(runs.filter(trl)["model_group"].unique().to_list()):
             yield str(g), (trl & (runs["model_group"] == g)).to_numpy()
         return
+    elif split == "trl-host":
+        trl = runs.select(is_trl().fill_null(False) & on_cpu()).to_series()
+        hosts = sorted(runs.filter(trl)["g_name"].unique().to_list())
+        if len(hosts) < 2:
+            return
+        for h in hosts:
+            yield str(h), (trl & (runs["g_name"] == h)).to_numpy()
+        return
     elif split == "largest":
         yield "largest-model-per-source", partition_mask(runs).to_numpy()
         return
@@ -91,8 +104,9 @@ def held_out(runs: pl.DataFrame, probes: pl.DataFrame, *, split: str, seed: int 
         if time_rows(train).height < 20 or memory_rows(train).height < 20 or not test.height:
             continue
         # Only a held-out hardware's rows read the never-probed-hardware interval; other splits skip its refits.
-        bundle, _ = fit_bundle(train, k, seed=seed, variant=variant,
-                               probes=probes.filter(c("hardware") != name) if split == "hardware" else None)
+        seen = probes.filter(c("hardware") != name) if split == "hardware" else probes
+        bundle, _ = fit_bundle(train, k, seed=seed, variant=variant, probes=seen if split == "hardware" else None,
+                               trl_probes=seen.filter(c("op").is_in(list(TRL_OPS))))
         composed = bundle.compose(test)
         parts.append(composed.with_columns(
             **{key: pl.Series(v) for key, v in bundle.apply(composed).items()},
@@ -194,7 +208,25 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
                                "largest or more sources")
     pred = pl.concat(preds, how="diagonal_relaxed")
     return {"metrics": metrics(pred, ("variant", "split", "source")), "metrics_trl": metrics_trl(pred),
-            "predictions": pred}
+            "metrics_trl_host": metrics_trl_host(pred), "predictions": pred}
+
+
+def metrics_trl_host(pred: pl.DataFrame) -> pl.DataFrame:
+    """The trl-host split per held-out host (variant, split, fold = the host): learned, composed (with the TRL
+    calibration trained without the host) and analytic step time, peak memory; bias = median(pred / measured - 1)."""
+    if "split" not in pred.columns:
+        return pl.DataFrame()
+    sub = pred.filter(c("split") == "trl-host")
+    if not sub.height:
+        return pl.DataFrame()
+    m = metrics(sub, ("variant", "split", "fold"))
+    bias = []
+    for (v, f), g in sorted(time_rows(sub).group_by("variant", "fold"), key=lambda t: tuple(map(str, t[0]))):
+        r = g["pred_time_s"].to_numpy() / g["step_time_s"].to_numpy() - 1.0
+        rc = g["k_step_s"].to_numpy() / g["step_time_s"].to_numpy() - 1.0
+        bias.append({"variant": v, "fold": f, "time_bias": float(np.median(r)),
+                     "time_composed_bias": float(np.median(rc))})
+    return m.join(pl.DataFrame(bias), on=["variant", "fold"], how="left") if bias else m
 
 
 def metrics_trl(pred: pl.DataFrame) -> pl.DataFrame:
@@ -288,6 +320,62 @@ def trl_baselines(*, data: Path | str, kernels: KernelModel | None = None,
     return pl.DataFrame(rows)
 
 
+def trl_host_baselines(*, data: Path | str, seed: int = 0) -> pl.DataFrame:
+    """The trl-host split without the learned layer, quick (seconds): for each host with TRL rows, the TRL
+    calibration trained on every other row (the ours-cpu runs and the other hosts' TRL rows, launch floor included),
+    predicting the held-out host's TRL steps. Step time per variant of the TRL terms:
+    - composed: the composition alone (no TRL calibration);
+    - constants: the fitted constants (what shipped before TRL-op probes);
+    - probes: the calibration with every host's TRL-op probes (models.trl_scales; a host without them, or too few
+      probed hosts in training, falls back to the constants: `fallback` says why);
+    - probe_ratios: each probed host's measured ratios alone (no residual fitted; null where it has no probes):
+      how far the probed ops are from the step-level composition.
+    Peak memory: the analytic estimate (d_mem_gib). bias = median(pred / measured - 1)."""
+    from perfpredict.models.calibration import LaunchFloor, TrlCalibration
+    from perfpredict.models.compose import compose
+    from perfpredict.models.trl_scales import flat_scales, trl_probe_scales
+
+    runs = load_runs(data)
+    probes = load_probes(data)
+    trl = runs.select(is_trl().fill_null(False) & on_cpu()).to_series()
+    hosts = sorted(runs.filter(trl)["g_name"].unique().to_list())
+    if len(hosts) < 2:
+        raise PerfPredictError(f"TRL rows of {len(hosts)} host(s) under {str(data)!r} ({', '.join(hosts) or 'none'}); "
+                               "leave-one-host-out needs two (`perfpredict collect trl` on another machine)")
+    cpu_runs = runs.filter(on_cpu(c("g_name"))).drop([x for x in runs.columns if x.startswith(("k_", "kc_", "oof_"))])
+    trl = cpu_runs.select(is_trl().fill_null(False)).to_series()
+    cpu_hw = cpu_runs["g_name"].unique().to_list()
+    kernels = KernelModel(seed=seed).fit(probes.filter(c("hardware").is_in(cpu_hw)))
+    scales = trl_probe_scales(probes, kernels)
+    rows = []
+    for h in hosts:
+        test_mask = (trl & (cpu_runs["g_name"] == h)).to_numpy()
+        train, test = cpu_runs.filter(pl.Series(~test_mask)), cpu_runs.filter(pl.Series(test_mask))
+        tr, te = time_rows(train), time_rows(test)
+        y, yt = tr["step_time_s"].to_numpy(), te["step_time_s"].to_numpy()
+        floor = LaunchFloor(kernels).fit(tr, y)
+        const = TrlCalibration(kernels, launch_floor=floor.floors_).fit(tr, y)
+        probed = TrlCalibration(kernels, launch_floor=floor.floors_, probe_scales=scales).fit(tr, y)
+        preds = {"composed": compose(te, kernels, launch_floor=floor.floors_, canonical=False)["k_step_s"].to_numpy(),
+                 "constants": const.predict(te), "probes": probed.predict(te)}
+        if h in scales:
+            raw = {**const.calibration_, **flat_scales({h: scales[h]})}
+            preds["probe_ratios"] = compose(te, kernels, launch_floor=floor.floors_, trl_calibration=raw,
+                                            canonical=False)["k_step_s"].to_numpy()
+        mr = memory_rows(test)
+        row: dict = {"held_out": h, "trained_on": ", ".join(x for x in hosts if x != h), "time_n": te.height,
+                     "trl_op_probes": int(probes.filter((c("hardware") == h) & c("op").is_in(list(TRL_OPS))).height)}
+        for name in ("composed", "constants", "probes", "probe_ratios"):
+            r = preds[name] / yt - 1.0 if name in preds else np.full(len(yt), np.nan)
+            row[f"time_{name}_mape"] = float(np.abs(r).mean())
+            row[f"time_{name}_bias"] = float(np.median(r))
+        row["fallback"] = probed.probe_fallback_
+        row["mem_n"] = mr.height
+        row["mem_analytic_mape"] = float(_ape(mr["d_mem_gib"].to_numpy(), mr["peak_memory_gib"].to_numpy()).mean())
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
 def describe_trl(raw: pl.DataFrame) -> pl.DataFrame:
     from perfpredict.features.descriptors import describe
 
@@ -311,7 +399,9 @@ def check_selection(*, splits: list[str] | None = None, variants: list[str] | No
 
 
 def metrics_records(res: dict) -> list[dict]:
-    """What `evaluate --json` writes: the metric rows, then the TRL rows tagged {"table": "trl"}."""
-    trl = res.get("metrics_trl")
-    return res["metrics"].to_dicts() + ([{"table": "trl", **r} for r in trl.to_dicts()]
-                                        if trl is not None and trl.height else [])
+    """What `evaluate --json` writes: the metric rows, then the TRL rows tagged {"table": "trl"}, then the
+    trl-host split per held-out host tagged {"table": "trl-host"}."""
+    trl, host = res.get("metrics_trl"), res.get("metrics_trl_host")
+    return (res["metrics"].to_dicts()
+            + ([{"table": "trl", **r} for r in trl.to_dicts()] if trl is not None and trl.height else [])
+            + ([{"table": "trl-host", **r} for r in host.to_dicts()] if host is not None and host.height else []))

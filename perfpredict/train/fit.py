@@ -16,6 +16,7 @@ from perfpredict.models.calibration import LaunchFloor, TrlCalibration
 from perfpredict.models.compose import compose
 from perfpredict.models.kernels import KernelModel
 from perfpredict.models.plan_model import Correction, Intervals, calibrate_margin
+from perfpredict.models.trl_scales import trl_probe_scales
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 
 c = pl.col
@@ -54,12 +55,15 @@ def fit_corrections(composed: pl.DataFrame, *, seed: int = 0, variant: Variant =
     return time, mem
 
 
-def fit_step_terms(runs: pl.DataFrame, kernels: KernelModel) -> tuple[LaunchFloor, TrlCalibration]:
-    """The launch floor, then TRL's calibration over it, fitted on these runs' measured steps."""
+def fit_step_terms(runs: pl.DataFrame, kernels: KernelModel, *, probes: pl.DataFrame | None = None
+                   ) -> tuple[LaunchFloor, TrlCalibration]:
+    """The launch floor, then TRL's calibration over it, fitted on these runs' measured steps; with `probes`, each
+    CPU host's TRL-op probes (collect probes --families trl) give its TRL scales (models.trl_scales)."""
     tr = time_rows(runs)
     y = tr["step_time_s"].to_numpy()
     floor = LaunchFloor(kernels).fit(tr, y)
-    return floor, TrlCalibration(kernels, launch_floor=floor.floors_).fit(tr, y)
+    scales = trl_probe_scales(probes, kernels) if probes is not None else None
+    return floor, TrlCalibration(kernels, launch_floor=floor.floors_, probe_scales=scales).fit(tr, y)
 
 
 # Inner folds that hold out what users extrapolate to (the evaluate splits' kinds): a whole model, a whole width of
@@ -119,13 +123,15 @@ def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, *, launc
 
 
 def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, variant: Variant = DEFAULT_VARIANT,
-               folds: int = 3, probes: pl.DataFrame | None = None) -> tuple[Bundle, pl.DataFrame]:
+               folds: int = 3, probes: pl.DataFrame | None = None, trl_probes: pl.DataFrame | None = None
+               ) -> tuple[Bundle, pl.DataFrame]:
     """Launch floor, composition, corrections on all rows; intervals and the OOM margin from out-of-fold
     predictions (GroupKFold by model, by width and by scale: a fold never sees what it is scored on). `runs` are
     described, not yet composed. With `probes`, the time intervals of a hardware never probed are calibrated by
-    leaving each measured hardware's probes out. Returns the bundle and the composed runs with out-of-fold
+    leaving each measured hardware's probes out. The TRL-op probes of `trl_probes` (default: those among `probes`)
+    give each probed CPU host its TRL scales. Returns the bundle and the composed runs with out-of-fold
     predictions."""
-    floor, trl = fit_step_terms(runs, kernels)
+    floor, trl = fit_step_terms(runs, kernels, probes=trl_probes if trl_probes is not None else probes)
     composed = compose(_uncomposed(runs), kernels, launch_floor=floor.floors_, trl_calibration=trl.calibration_)
     time, mem = fit_corrections(composed, seed=seed, variant=variant)
     oof = _out_of_fold(composed, seed=seed, variant=variant, folds=folds)
@@ -149,7 +155,9 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
                               orows["fits"].to_numpy())
     bundle = Bundle(kernels=kernels, launch_floor_s=floor.floors_, trl_calibration=trl.calibration_, time=time,
                     memory=mem, time_intervals=t_iv, memory_intervals=m_iv, oom_margin=margin,
-                    metadata={"variant": variant.name})
+                    # Which CPU hosts' TRL scales their TRL-op probes give, and why the others use the constants.
+                    metadata={"variant": variant.name, "trl_probe_hosts": list(trl.measured_hosts_),
+                              "trl_probe_fallback": trl.probe_fallback_})
     return bundle, composed
 
 

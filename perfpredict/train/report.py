@@ -17,7 +17,7 @@ from perfpredict.core.formatting import missing as _missing
 from perfpredict.train.fit import DEFAULT_VARIANT
 
 # Splits in the order a reader meets them: the untouched test partition first, then the validation folds.
-SPLIT_ORDER = ("largest", "model", "width", "scale", "hardware", "trl-shape")
+SPLIT_ORDER = ("largest", "model", "width", "scale", "hardware", "trl-shape", "trl-host")
 SPLIT_LABEL = {"largest": "largest (test)"}
 # Optional metrics: rendered when the evaluation JSON carries them (median interval width / point prediction).
 WIDTH_KEYS = ("time_interval_width", "mem_interval_width")
@@ -267,6 +267,36 @@ def _trl_section(trl: list[Row], shipped: str) -> list[str]:
     return [TRL_PROSE, *_table(head, body)]
 
 
+TRL_HOST_PROSE = """\
+### TRL on a host whose TRL runs were not in training (leave-one-host-out)
+
+**trl-host** holds out every TRL run of one host (the catalog entry its fingerprint reads as) and trains on
+everything else, the host's own kernel probes included: what a user gets who probes a new machine and asks about TRL
+on it. Two hosts hold TRL rows: `cpu-epyc-avx2` (AVX2 EPYC) and `cpu-epyc-avx512` (AVX-512 BF16 EPYC); their
+largest shape is the test partition, so the rest are scored here. "composed" is the composition with the TRL
+calibration fitted without the host (a TRL plan gets no learned correction); bias is the median of
+predicted / measured - 1. Per-host TRL efficiency from TRL-op probes (`collect probes --families trl`, only on the
+AVX-512 host so far) needs the TRL runs of two probed hosts in training before it replaces the constants; until
+then both folds use the constants (the quick table with the probe-ratio diagnostic:
+`python -c "from perfpredict.train.evaluate import trl_host_baselines; print(trl_host_baselines(data='datasets'))"`).
+"""
+
+
+def _trl_host_section(evaluation: list[Row], shipped: str) -> list[str]:
+    rows = sorted((r for r in evaluation if r.get("table") == "trl-host" and r.get("variant") == shipped),
+                  key=lambda r: str(r.get("fold")))
+    if not rows:
+        return []
+    head = ["held-out host", "time n", "learned", "bias", "composed", "bias", "analytic", "90% cover", "mem n",
+            "mem learned", "mem analytic"]
+    sign = lambda v: "-" if _missing(v) else f"{float(v) * 100:+.1f}%"  # noqa: E731
+    body = [[str(r.get("fold")), count(r.get("time_n")), pct(r.get("time_mape")), sign(r.get("time_bias")),
+             pct(r.get("time_composed_mape")), sign(r.get("time_composed_bias")), pct(r.get("time_analytic_mape")),
+             pct(r.get("time_coverage")), count(r.get("mem_n")), pct(r.get("mem_mape")),
+             pct(r.get("mem_analytic_mape"))] for r in rows]
+    return [TRL_HOST_PROSE, *_table(head, body)]
+
+
 GEN_PROSE = """\
 ## Generation with vLLM
 
@@ -344,6 +374,7 @@ def accuracy_markdown(*, evaluation: list[Row], generate_evaluation: dict[str, A
     parts += _playbook(plan, shipped)
     parts += _variant_section(plan, shipped)
     parts += _trl_section(trl, shipped)
+    parts += _trl_host_section(evaluation, shipped)
     parts += _generate_section(generate_evaluation)
     text = "\n".join(parts)
     while "\n\n\n" in text:

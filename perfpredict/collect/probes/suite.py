@@ -12,6 +12,8 @@ Families (rows follow perfpredict.core.dataset.probe_schema(), with provenance):
   fwd+bwd), elementwise add, AdamW step over a flat fp32 buffer. `bytes` is the minimum traffic.
 - collectives: all_reduce, all_gather, reduce_scatter, all_to_all, send_recv, broadcast, 4 KiB .. 1 GiB, for every
   world size the machine allows, through torchrun (comm_probe.py).
+- trl (not in the default families; `--families trl`): the ops transformers' Llama and TRL's fused head really run
+  (trl_ops.py), written to probes-trl.parquet beside probes.parquet so the generic kernel files stay as collected.
 A probe that fails (OOM, unsupported dtype, error) is a row with outcome set, never a crash.
 
 Budgets. CPU (1 thread, as each training rank has): --quick < 2 min: 6 GEMM shapes, 4 attention and 7
@@ -52,10 +54,14 @@ import torch.nn.functional as F
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import store
 from perfpredict.collect.host import default_out
+from perfpredict.collect.probes.trl_ops import trl_op_probes
 from perfpredict.collect.processes import pythonpath_first
 from perfpredict.collect.timing import measure
 from perfpredict.core.dataset import append_rows
+from perfpredict.core.errors import PerfPredictError
 
+FAMILIES = ("gemm", "attention", "memory", "comm", "trl")
+DEFAULT_FAMILIES = ("gemm", "attention", "memory", "comm")
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KiB = 1024
 
@@ -366,9 +372,16 @@ def comm_probes(b: Budget, *, timeout_s: float = 300.0) -> list[dict[str, Any]]:
 
 
 def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, command: str | None = None,
-               families: tuple[str, ...] = ("gemm", "attention", "memory", "comm"), seed: int = 0,
+               families: tuple[str, ...] = DEFAULT_FAMILIES, seed: int = 0,
                log: Callable[[str], None] | None = None) -> tuple[Path, pl.DataFrame]:
-    """Run the probe suite and append its rows to <out_dir>/probes.parquet; returns the path and the new rows."""
+    """Run the probe suite and append its rows to <out_dir>/probes.parquet (the trl family alone: to
+    probes-trl.parquet); returns the path and the new rows."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise PerfPredictError(f"unknown probe families {unknown or '(none given)'}; known: {', '.join(FAMILIES)}")
+    if "trl" in families and len(families) > 1:
+        raise PerfPredictError("--families trl runs alone (its rows go to probes-trl.parquet); "
+                               "run the generic families in another call")
     gpu = torch.cuda.is_available()
     device = torch.device("cuda") if gpu else torch.device("cpu")
     b = budget(quick=quick, gpu=gpu, devices=torch.cuda.device_count() if gpu else 1, cores=fpr.cpu_cores())
@@ -389,6 +402,9 @@ def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, comman
                 new = memory_probes(b, device)
             elif fam == "comm":
                 new = comm_probes(b)
+            elif fam == "trl":
+                new = trl_op_probes(quick=quick, device=device, cap_s=b.cap_s, timed=_timed, row=_row,
+                                    fail=_fail_row)
             else:
                 raise ValueError(fam)
             for r in new:
@@ -403,7 +419,7 @@ def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, comman
         r.setdefault("world_size", 1)
         r["suite"] = "quick" if quick else "full"
     out = Path(out_dir) if out_dir else default_out()
-    path = out / "probes.parquet"
+    path = out / ("probes-trl.parquet" if families == ("trl",) else "probes.parquet")
     return path, append_rows(path, rows, store.probes_schema())
 
 

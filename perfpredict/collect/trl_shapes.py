@@ -1,0 +1,17 @@
+"""The random-weight Llama shapes `perfpredict collect trl` measures (collect.trl.grid) and `collect probes
+--families trl` probes (collect.probes.trl_ops): one list, so the TRL-op probes time the shapes the TRL runs ran."""
+
+from __future__ import annotations
+
+from perfpredict.core.model import ModelSpec
+
+# Random-weight Llama shapes (untied embeddings, SwiGLU): ~1.6M to ~29M parameters, vocab 1k-32k.
+SHAPES: dict[str, ModelSpec] = {s.name: s for s in (
+    ModelSpec(name="t1-2k", layers=4, hidden=128, heads=4, kv_heads=4, ffn=512, vocab=2048),
+    ModelSpec(name="t2-8k", layers=4, hidden=256, heads=8, kv_heads=4, ffn=768, vocab=8192),
+    ModelSpec(name="t3-4k-deep", layers=8, hidden=256, heads=4, kv_heads=2, ffn=1024, vocab=4096),
+    ModelSpec(name="t4-32k-narrow", layers=2, hidden=128, heads=4, kv_heads=2, ffn=512, vocab=32000),
+    ModelSpec(name="t5-16k", layers=6, hidden=256, heads=8, kv_heads=2, ffn=1024, vocab=16384),
+    ModelSpec(name="t6-1k-wide", layers=2, hidden=768, heads=12, kv_heads=4, ffn=2048, vocab=1024),
+    ModelSpec(name="t7-16k-big", layers=4, hidden=512, heads=8, kv_heads=4, ffn=1536, vocab=16384),
+)}
