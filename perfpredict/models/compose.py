@@ -279,9 +279,19 @@ def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     return _queries(_base(desc))
 
 
-def _queries(b: pl.DataFrame) -> pl.DataFrame:
-    """kernel_queries from _base's columns, which are all they read."""
-    frames = _gemms(b) + _attention(b) + _membound(b) + _comm(b) + _expert_parallel(b) + _optimizer(b)
+# The _base columns the compute kernels (_gemms, _attention, _membound) read: a rank's work shape. Plans that differ
+# only in how they communicate share it, and _kernel_parts builds and sums their compute queries once per shape.
+# Those functions get only these columns, so one that reads another fails at once (add it here), never silently.
+COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv", "hd", "h", "f", "gate", "t",
+                  "experts", "topk", "seqs", "s", "cp", "fwd_mult", "attn_fwd_extra", "head_ce", "head_fold",
+                  "head_fwd", "ref", "rc_attn", "rc_full", "sel_elem", "sel_gemm")
+
+
+def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
+    """kernel_queries from _base's columns, which are all they read; the compute kernels from `work` (rows of
+    COMPUTE_INPUTS with their own row ids) where given."""
+    w = b if work is None else work
+    frames = _gemms(w) + _attention(w) + _membound(w) + _comm(b) + _expert_parallel(b) + _optimizer(b)
     frames = [f if "part" in f.columns else f.with_columns(part=pl.lit("compute")) for f in frames]
     q = pl.concat(frames, how="diagonal_relaxed")
     for k in KERNEL_KEYS:
@@ -409,9 +419,12 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
 def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     """desc with each part's raw kernel seconds (k_<part>_raw_s), its backward share and timed-kernel count: the
     kernel models' work, which no launch floor or calibration changes (the grid searches reuse it)."""
-    # Plans that ask the same kernels (one row of _base) are composed once (models.shapes).
+    # Plans that ask the same kernels (one row of _base) are composed once (models.shapes), and their compute kernels
+    # once per work shape (ids n.. after the n distinct rows' own).
     shapes, of_row = distinct_rows(_base(desc).drop("row"))
-    q = _queries(shapes.with_row_index("row"))
+    n = shapes.height
+    tasks, of_task = distinct_rows(shapes.select(COMPUTE_INPUTS))
+    q = _queries(shapes.with_row_index("row"), tasks.with_row_index("row", offset=n))
     keys = list(KERNEL_KEYS) + ["family"]
     # Each distinct kernel is predicted once; the group lists the queries that ask for it.
     groups = q.select(keys).with_row_index("_q").group_by(keys).agg("_q")
@@ -434,8 +447,11 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0).sum(),
         k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0).sum(),
         **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0).sum() for f in TRL_FAMILIES})
-    sums = (pl.DataFrame({"row": np.arange(shapes.height, dtype=np.uint32)}).join(sums, on="row", how="left")
+    sums = (pl.DataFrame({"row": np.arange(n + tasks.height, dtype=np.uint32)}).join(sums, on="row", how="left")
             .drop("row").fill_null(0.0))
+    # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
+    own, shape = sums.head(n), sums[n + of_task]
+    sums = pl.DataFrame([own[k] + shape[k] for k in sums.columns])
     return desc.hstack(sums[of_row])
 
 
