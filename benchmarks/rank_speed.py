@@ -26,9 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-# main just before issue 21's speed work landed (2ca8fae: the engine terms and host-RAM checks in, the speed work
+# main just before issue 21's speed work landed (0045894: engine terms, host-RAM checks and TRL host scales in, the speed work
 # not): the same predictions, so the top plans must match to 1e-9.
-PREVIOUS_RELEASE = "2ca8fae"
+PREVIOUS_RELEASE = "0045894"
 CLI = ["rank", "--model", "llama-3.1-70b", "--gpu", "h100-sxm-80gb", "--gpus", "512", "--global-batch", "1024",
        "--seq-len", "4096", "--top", "5"]
 HEAVY = ("xgboost", "scipy", "torch", "matplotlib", "sklearn")
