@@ -21,7 +21,8 @@ def _inputs() -> tuple[list, dict]:
 
 def test_committed_accuracy_page_is_generated_from_the_committed_json() -> None:
     evaluation, gen = _inputs()
-    expected = accuracy_markdown(evaluation=evaluation, generate_evaluation=gen)
+    held = json.loads((DOCS / "held-out-sources.json").read_text())
+    expected = accuracy_markdown(evaluation=evaluation, generate_evaluation=gen, held_out_evaluation=held)
     assert (DOCS / "accuracy.md").read_text() == expected, (
         "docs/accuracy.md is stale: regenerate it with `perfpredict report` (write_accuracy_page)")
 
@@ -77,7 +78,8 @@ def test_bad_evaluation_is_one_clear_error(bad) -> None:
 
 def test_write_accuracy_page(tmp_path: Path) -> None:
     out = write_accuracy_page(evaluation_path=DOCS / "evaluation.json",
-                              generate_evaluation_path=DOCS / "generate-evaluation.json", out_path=tmp_path / "a.md")
+                              generate_evaluation_path=DOCS / "generate-evaluation.json", out_path=tmp_path / "a.md",
+                              held_out_evaluation_path=DOCS / "held-out-sources.json")
     assert out.read_text() == (DOCS / "accuracy.md").read_text()
     with pytest.raises(PerfPredictError, match="not found"):
         write_accuracy_page(evaluation_path=tmp_path / "missing.json", generate_evaluation_path=None,
@@ -86,3 +88,22 @@ def test_write_accuracy_page(tmp_path: Path) -> None:
     with pytest.raises(PerfPredictError, match="not JSON"):
         write_accuracy_page(evaluation_path=tmp_path / "junk.json", generate_evaluation_path=None,
                             out_path=tmp_path / "c.md")
+
+
+def test_held_out_sources_section() -> None:
+    """The published GPU fine-tuning sources' section: per source and per model, the composition beside the learned
+    result, and one line per run; absent when no held-out evaluation is given."""
+    evaluation, gen = _inputs()
+    held = json.loads((DOCS / "held-out-sources.json").read_text())
+    page = accuracy_markdown(evaluation=evaluation, generate_evaluation=gen, held_out_evaluation=held)
+    assert "## Published GPU fine-tuning runs: held out by source and by model" in page
+    row = next(r for r in held if r.get("split") == "source" and r["source"] == "msswift_examples")
+    line = next(x for x in page.splitlines() if x.startswith("| source | msswift_examples |"))
+    for key in ("time_mape", "time_composed_mape", "mem_mape", "false_oom"):
+        assert pct(row[key]) in line
+    runs = [r for r in held if r.get("table") == "run"]
+    assert len(runs) == sum(1 for x in page.splitlines() if x.startswith(("| msswift_examples `", "| nemo_automodel `")))
+    assert "held out by source" not in accuracy_markdown(evaluation=evaluation, generate_evaluation=gen)
+    with pytest.raises(PerfPredictError, match="held-out evaluation"):
+        accuracy_markdown(evaluation=evaluation, held_out_evaluation={"not": "a list"})
+

@@ -23,6 +23,7 @@ from perfpredict.cli._util import (
     write_text,
 )
 from perfpredict.core.console import stderr_console
+from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.formatting import missing, pct
 
 TABLE_COLUMNS = (
@@ -91,6 +92,11 @@ def evaluate_cmd(
     source: Annotated[list[str] | None, typer.Option(help="only these sources' runs and their hardware's probes "
                                                           "(repeat), e.g. ours-cpu + ours-cpu-trl")] = None,
     plot: Annotated[Path | None, typer.Option(help="write a predicted-vs-measured PNG (needs the plot extra)")] = None,
+    held_out_source: Annotated[list[str] | None, typer.Option(
+        help="score the shipped predictor on whole sources it was not trained on (repeat), per source and per "
+             "model, without refitting; e.g. msswift_examples, nemo_automodel")] = None,
+    refit: Annotated[bool, typer.Option("--refit", help="with --held-out-source: fit a predictor on every other "
+                                                         "source first (minutes) instead of the shipped one")] = False,
     json_out: JsonOpt = None,
 ) -> None:
     """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, one TRL shape
@@ -103,6 +109,23 @@ def evaluate_cmd(
     check_outputs(json_out=json_out, plot=plot)
     splits, variants = check_selection(splits=split, variants=variant)
     say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
+    if refit and not held_out_source:
+        raise PerfPredictError("--refit goes with --held-out-source SOURCE (the sources to fit without)")
+    if held_out_source:
+        from perfpredict.train.evaluate import held_out_records, held_out_sources
+
+        with _progress(quiet=machine_readable(json_out)) as prog:
+            task = prog.add_task("held-out sources", total=None)
+            res = held_out_sources(data=data, sources=tuple(held_out_source), refit=refit, seed=seed,
+                                   progress=lambda m: prog.update(task, description=m))
+        who = "a predictor fitted without them" if refit else "the shipped predictor"
+        say(metrics_table(res["metrics"], f"{who} on sources it never saw (split 'source': per source; "
+                                          "'source:model': per model)"))
+        if json_out:
+            write_text(json_out, json.dumps(held_out_records(res), indent=1, default=str))
+        if plot is not None:
+            say(f"plot: {plot_predicted_vs_measured(res['predictions'], plot)}")
+        return
     with _progress(quiet=machine_readable(json_out)) as prog:
         task = prog.add_task("evaluating", total=None)
         res = evaluate(data=data, seed=seed, splits=splits, variants=variants, subset=subset or None,
@@ -144,11 +167,15 @@ def report_cmd(
     generate_evaluation: Annotated[Path | None, typer.Option(
         help="what `perfpredict generate evaluate --json` wrote (optional)")] = Path("docs/generate-evaluation.json"),
     out: Annotated[Path, typer.Option(help="the Markdown page to write")] = Path("docs/accuracy.md"),
+    held_out_evaluation: Annotated[Path | None, typer.Option(
+        help="what `perfpredict evaluate --held-out-source ... --json` wrote (optional)")] = Path(
+        "docs/held-out-sources.json"),
 ) -> None:
     """Write the accuracy page (Markdown) from the evaluation JSON files."""
     from perfpredict.core.paths import writable_file
     from perfpredict.train.report import write_accuracy_page
 
     writable_file("--out", out)
-    path = write_accuracy_page(evaluation_path=evaluation, generate_evaluation_path=generate_evaluation, out_path=out)
+    path = write_accuracy_page(evaluation_path=evaluation, generate_evaluation_path=generate_evaluation, out_path=out,
+                               held_out_evaluation_path=held_out_evaluation)
     console.print(f"wrote {path}")

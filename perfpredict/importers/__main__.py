@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from perfpredict.importers import IMPORTERS, import_public
+from perfpredict.importers import IMPORTERS, TRANSCRIBED, import_public
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Import the published measurements into datasets/public.")
     ap.add_argument("--shared", type=Path, required=True, help="folder holding the upstream folders (data/public)")
     ap.add_argument("--out", type=Path, default=Path("datasets/public"), help="output folder (default datasets/public)")
-    ap.add_argument("--only", nargs="*", choices=sorted(IMPORTERS), help="import only these source folders")
+    ap.add_argument("--only", nargs="*", choices=sorted({*IMPORTERS, *TRANSCRIBED}), help="import only these source folders")
     args = ap.parse_args(argv)
     counts = import_public(shared_root=args.shared, out_root=args.out, only=args.only)
     total = 0

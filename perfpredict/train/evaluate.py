@@ -229,6 +229,69 @@ def metrics_trl_host(pred: pl.DataFrame) -> pl.DataFrame:
     return m.join(pl.DataFrame(bias), on=["variant", "fold"], how="left") if bias else m
 
 
+def held_out_sources(*, data: Path | str, sources: tuple[str, ...], bundle=None, refit: bool = False, seed: int = 0,
+                     progress: Callable[[str], None] | None = None) -> dict[str, pl.DataFrame]:
+    """A predictor that never saw these sources, scored on all their runs: held out by source, hence by every model
+    and plan in them (issue 19: the published GPU fine-tuning sources).
+
+    Default: the shipped predictor (or `bundle`), no refitting; a source its metadata lists among its training
+    sources is refused, since it would not be held out. `refit`: fit the kernels on every probe and the bundle on
+    every other source's runs first (what `perfpredict train` does without them: minutes), so the score holds after
+    the shipped predictor is retrained with these sources in. Returns metrics per source (split "source") and per
+    (source, model) (split "source:model"), each with the composition and the analytic estimate beside the learned
+    result and the false-OOM rate, and the predictions."""
+    from perfpredict.models.bundle import default_bundle
+
+    if not sources:
+        raise PerfPredictError("name the held-out source(s) to score, e.g. msswift_examples")
+    if not refit:
+        bundle = bundle or default_bundle()
+        trained = set(bundle.metadata.get("sources") or ())
+        seen = sorted(set(sources) & trained)
+        if seen:
+            raise PerfPredictError(f"source(s) {seen} are in the predictor's training data "
+                                   f"({', '.join(sorted(trained))}), so they are not held out; add --refit to fit one "
+                                   "without them (minutes)")
+    runs = load_runs(data)
+    present = set(runs["source"].unique().to_list())
+    unknown = sorted(set(sources) - present)
+    if unknown:
+        raise PerfPredictError(f"no runs of source(s) {unknown} under {str(data)!r}; present: "
+                               f"{', '.join(sorted(present))}")
+    held = c("source").is_in(list(sources))
+    if refit:
+        (progress or (lambda m: None))(f"fitting without {', '.join(sources)}")
+        bundle, _ = fit_bundle(runs.filter(~held), KernelModel(seed=seed).fit(load_probes(data)), seed=seed)
+        bundle.metadata.update(variant=DEFAULT_VARIANT.name,
+                               sources=sorted(set(runs.filter(~held)["source"].unique().to_list())))
+    test = runs.filter(held)
+    composed = bundle.compose(test)
+    pred = composed.with_columns(**{k: pl.Series(v) for k, v in bundle.apply(composed).items()},
+                                 split=pl.lit("source"), fold=c("source"),
+                                 variant=pl.lit(str(bundle.metadata.get("variant", DEFAULT_VARIANT.name))))
+    by_source = metrics(pred, ("variant", "split", "source"))
+    by_model = metrics(pred.with_columns(split=pl.lit("source:model"),
+                                         source=pl.concat_str([c("source"), c("m_name")], separator=":")),
+                       ("variant", "split", "source"))
+    return {"metrics": pl.concat([by_source, by_model], how="diagonal_relaxed"), "predictions": pred}
+
+
+# Per-run columns `evaluate --held-out-source --json` records beside the metrics (docs/held-out-sources.json).
+HELD_OUT_ROW_COLUMNS = ("source", "upstream_ref", "m_name", "g_name", "c_gpus", "p_framework", "p_zero", "p_tp",
+                        "p_dp", "p_cp", "p_ep", "p_recompute", "w_objective", "w_seq_len", "w_global_batch",
+                        "step_time_s", "pred_time_s", "k_step_s", "d_analytic_step_s", "peak_memory_gib",
+                        "pred_mem_gib", "d_peak_logits_gib", "pred_fits", "note")
+
+
+def held_out_records(res: dict) -> list[dict]:
+    """What `evaluate --held-out-source --json` writes: the metric rows, then one row per run tagged
+    {"table": "run"} (measured beside predicted, composed and analytic)."""
+    pred = res["predictions"]
+    cols = [k for k in HELD_OUT_ROW_COLUMNS if k in pred.columns]
+    runs = pred.select(cols).sort("source", "upstream_ref").to_dicts()
+    return res["metrics"].to_dicts() + [{"table": "run", **r} for r in runs]
+
+
 def metrics_trl(pred: pl.DataFrame) -> pl.DataFrame:
     """TRL rows per (variant, split, trainer x reference mode), e.g. "dpo live", "dpo precomputed", "simpo none",
     and all TRL rows of a split together ("all")."""
@@ -252,7 +315,8 @@ def plot_predicted_vs_measured(pred: pl.DataFrame, path: Path | str) -> Path:
         pred = pred.filter(c("variant") == DEFAULT_VARIANT.name)
     sources = sorted(set(pred["source"].unique().to_list()))
     colour = {src: f"C{i}" for i, src in enumerate(sources)}  # one colour per source in every panel
-    splits = [s for s in SPLITS if s in set(pred["split"].unique().to_list())]
+    present = set(pred["split"].unique().to_list())
+    splits = [s for s in SPLITS if s in present] + sorted(present - set(SPLITS))  # e.g. "source" (held-out sources)
     fig, axes = plt.subplots(2, len(splits), figsize=(4.2 * len(splits), 8.0), squeeze=False)
     for j, split in enumerate(splits):
         sub_split = pred.filter(c("split") == split)

@@ -1,0 +1,201 @@
+"""Published GPU fine-tuning sources transcribed by hand (issue 19 item 2): ms-swift's example headers and NeMo
+AutoModel's performance summary, their importer (perfpredict.importers.transcribed) and their held-out scoring
+(`perfpredict evaluate --held-out-source`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from perfpredict.cli import app
+from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.scenario import Scenario
+from perfpredict.importers import TRANSCRIBED, import_public, msswift, nemo_automodel
+from perfpredict.importers.transcribed import CSV_NAME, read_rows, scenario_of
+from perfpredict.train.evaluate import held_out_sources
+
+COMMITTED = Path(__file__).resolve().parents[1] / "datasets" / "public"
+SOURCES = tuple(TRANSCRIBED)
+
+
+@pytest.fixture(scope="module")
+def reimported(tmp_path_factory):
+    out = tmp_path_factory.mktemp("public")
+    counts = import_public(shared_root=out, out_root=out, only=list(SOURCES))
+    return out, counts
+
+
+def _row(folder: str, row_id: str) -> dict:
+    df = pl.read_parquet(COMMITTED / folder / "runs.parquet").filter(pl.col("transcribed_row") == row_id)
+    assert df.height == 1, row_id
+    return df.row(0, named=True)
+
+
+def test_reimport_reproduces_the_committed_files(reimported):
+    out, counts = reimported
+    assert counts == {"msswift_examples/runs.parquet": 8, "nemo_automodel/runs.parquet": 1}
+    for folder in SOURCES:
+        fresh = pl.read_parquet(out / folder / "runs.parquet")
+        assert fresh.equals(pl.read_parquet(COMMITTED / folder / "runs.parquet")), f"{folder}: rerun the importer"
+        assert (out / folder / "SOURCE.md").read_text() == (COMMITTED / folder / "SOURCE.md").read_text()
+
+
+@pytest.mark.parametrize("folder", SOURCES)
+def test_source_md_names_upstream_license_and_every_row(folder):
+    text = (COMMITTED / folder / "SOURCE.md").read_text()
+    mod = TRANSCRIBED[folder]
+    assert mod.UPSTREAM.repo in text and mod.UPSTREAM.commit in text and "Apache-2.0" in text
+    for _, r in read_rows(COMMITTED / folder):
+        assert f"`{r['row_id']}`" in text
+        if r["status"] == "skip":
+            assert r["skip_reason"] in text.replace("\\|", "|")
+
+
+@pytest.mark.parametrize("folder", SOURCES)
+def test_every_imported_row_is_a_valid_scenario_with_provenance(folder):
+    df = pl.read_parquet(COMMITTED / folder / "runs.parquet")
+    commits = {r["upstream_commit"][:12] for _, r in read_rows(COMMITTED / folder)}
+    for r in df.iter_rows(named=True):
+        assert r["source"] == folder and r["outcome"] == "ok"
+        assert r["upstream_ref"].rsplit("@", 1)[1] in commits and r["upstream_ref"].split(":")[0]
+        assert r["step_time_s"] is not None or r["peak_memory_gib"] is not None
+    for _, r in read_rows(COMMITTED / folder):
+        if r["status"] == "ok":
+            Scenario(*scenario_of(r))  # raises if the plan does not fit the model and cluster
+
+
+# Reference numbers, quoted from the upstream text (tolerance: the published rounding).
+def test_msswift_reference_numbers():
+    # examples/train/packing/liger_kernel.sh:1-4 "# Env: 4 * A100 ... GPU Memory: 4 * 42GB, Training Speed 10s/it",
+    # --per_device_train_batch_size 1 --gradient_accumulation_steps 2 --packing true --max_length 16384 --deepspeed zero3
+    r = _row("msswift_examples", "packing-liger-16k")
+    assert (r["p_framework"], r["p_zero"], r["p_dp"], r["p_micro_batch"], r["p_grad_accum"]) == ("deepspeed", 3, 4, 1, 2)
+    assert (r["w_seq_len"], r["w_global_batch"], r["p_recompute"]) == (16384, 8, "full")
+    assert r["step_time_s"] == pytest.approx(10.0) and r["peak_memory_gib"] == pytest.approx(42.0)
+    assert r["tokens_per_s"] == pytest.approx(8 * 16384 / 10.0)
+    # examples/megatron/long_text.sh:1-3 "# GPU Memory: 4 * 50GB, Training Speed 23s/it": tp 4, gbs 8, mbs 1, 32K
+    m = _row("msswift_examples", "megatron-long-32k")
+    assert (m["p_framework"], m["p_tp"], m["p_dp"], m["p_grad_accum"], m["w_seq_len"]) == ("megatron", 4, 1, 8, 32768)
+    assert m["step_time_s"] == pytest.approx(23.0) and m["peak_memory_gib"] == pytest.approx(50.0)
+    # examples/train/liger/sft.sh:2-3: the same plan with and without Liger, memory only (42 vs 54 GB)
+    a, b = _row("msswift_examples", "liger-sft-8k-liger"), _row("msswift_examples", "liger-sft-8k-noliger")
+    assert a["step_time_s"] is None and b["step_time_s"] is None
+    assert (a["peak_memory_gib"], b["peak_memory_gib"]) == (42.0, 54.0)
+
+
+def test_msswift_benchmark_reference_numbers():
+    # 9d297f99a docs/source_en/Instruction/Megatron-SWIFT-Training.md:108-111: "| Training Speed | 9.04s/it |
+    # 10.32s/it | 10.56s/it |" and "| GPU Memory Usage | 8*64GB | 8*80GB | 8*58GB |" (Megatron-LM, ZeRO2, ZeRO3);
+    # the same 16 packed 8K sequences per step; "eight-GPU A800" (Quick-start.md:250): A100 silicon, NVLink 200 GB/s
+    # per direction.
+    rows = {k: _row("msswift_examples", f"bench-dense-{k}") for k in ("megatron", "zero2", "zero3")}
+    assert [rows[k]["step_time_s"] for k in ("megatron", "zero2", "zero3")] == [9.04, 10.32, 10.56]
+    assert (rows["megatron"]["peak_memory_gib"], rows["zero3"]["peak_memory_gib"]) == (64.0, 58.0)
+    assert rows["zero2"]["peak_memory_gib"] is None  # "8*80GB": the cache filled the card, bounds nothing
+    for r in rows.values():
+        assert r["w_global_batch"] * r["w_seq_len"] == 16 * 8192 and r["c_intra_bw_gb_per_s"] == 200.0
+        assert r["m_name"] == "qwen2.5-14b" and r["c_gpus"] == 8
+    assert (rows["megatron"]["p_tp"], rows["megatron"]["p_dp"], rows["megatron"]["p_recompute"]) == (4, 2, "selective")
+    assert (rows["zero2"]["p_zero"], rows["zero3"]["p_zero"], rows["zero3"]["p_dp"]) == (2, 3, 8)
+
+
+def test_msswift_moe_reference_numbers():
+    # ad907793e9 examples/train/megatron/qwen3_moe.sh:2 "# Megatron-LM: 9.6s/it; 16 * 60GiB" with
+    # --tensor_model_parallel_size 2 --expert_model_parallel_size 8 --micro_batch_size 1 --global_batch_size 16
+    r = _row("msswift_examples", "bench-moe-megatron")
+    assert (r["m_name"], r["c_gpus"], r["c_nodes"], r["p_tp"], r["p_dp"], r["p_ep"]) == ("qwen3-30b-a3b", 16, 2, 2, 8, 8)
+    assert (r["p_grad_accum"], r["w_global_batch"], r["step_time_s"], r["peak_memory_gib"]) == (2, 16, 9.6, 60.0)
+
+
+def test_nemo_automodel_reference_numbers():
+    # docs/performance-summary.mdx:25 "| Llama3 70B | 64 | 128 | 1 | 1 | 4 | 8192 | 1 | 1 | 2 | - | - | 32 | ... |
+    # 18.90 | 389 | 866.77 |": the step time and the published tokens/s/GPU agree within the rounding.
+    r = _row("nemo_automodel", "llama3-70b-pretrain-64")
+    assert (r["c_gpus"], r["p_dp"], r["p_cp"], r["p_zero"], r["w_global_batch"], r["w_seq_len"]) == (64, 32, 2, 3, 128, 8192)
+    assert r["p_framework"] == "fsdp2"  # NeMo AutoModel's FSDP2 manager: fully_shard per block, DTensor
+    assert r["step_time_s"] == pytest.approx(18.90)
+    assert r["tokens_per_s"] / 64 == pytest.approx(866.77, rel=1e-3)
+    assert "context parallelism" in r["note"]  # the capability table's refusal is kept beside the fact
+
+
+def test_a_malformed_transcription_is_one_clear_error(tmp_path):
+    src = (COMMITTED / "msswift_examples" / CSV_NAME).read_text().splitlines()
+    (tmp_path / "msswift_examples").mkdir()
+    bad = src[:2] + [src[1].replace(",ok,", ",maybe,", 1)]
+    (tmp_path / "msswift_examples" / CSV_NAME).write_text("\n".join(bad) + "\n")
+    with pytest.raises(ValueError, match=r"transcribed.csv:3: status 'maybe'"):
+        msswift.run(tmp_path, tmp_path)
+
+
+def test_held_out_sources_scores_the_shipped_predictor():
+    res = held_out_sources(data="datasets", sources=SOURCES)
+    m = res["metrics"]
+    assert set(m["split"].to_list()) == {"source", "source:model"}
+    by_source = {r["source"]: r for r in m.filter(pl.col("split") == "source").iter_rows(named=True)}
+    assert by_source["msswift_examples"]["time_n"] == 6 and by_source["msswift_examples"]["mem_n"] == 7
+    assert by_source["nemo_automodel"]["time_n"] == 1
+    for r in by_source.values():
+        assert r["time_composed_mape"] == r["time_composed_mape"]  # the composition is scored beside it (not NaN)
+        assert r["false_oom"] == 0.0  # every published run here ran; none may be predicted out of memory
+
+
+def test_held_out_sources_refuses_a_training_source():
+    with pytest.raises(PerfPredictError, match="not held out.*--refit"):
+        held_out_sources(data="datasets", sources=("vtrain",))
+    with pytest.raises(PerfPredictError, match="no runs of source"):
+        held_out_sources(data="datasets", sources=("no-such-source",))
+
+
+def test_cli_held_out_source():
+    res = CliRunner().invoke(app, ["evaluate", "--held-out-source", "nemo_automodel"])
+    assert res.exit_code == 0, res.output
+    assert "nemo_automo" in res.output
+    res = CliRunner().invoke(app, ["evaluate", "--held-out-source", "vtrain"])
+    assert res.exit_code != 0 and "not held out" in res.output and "Traceback" not in res.output
+
+
+def test_module_specs_point_at_their_folders():
+    assert msswift.UPSTREAM.folder == "msswift_examples" and nemo_automodel.UPSTREAM.folder == "nemo_automodel"
+
+
+def test_refit_fits_without_the_held_out_sources(monkeypatch):
+    """--refit: kernels on every probe, the bundle on every other source's runs (stubbed here: a real fit takes
+    minutes), then the same per-source and per-model scoring."""
+    import perfpredict.train.evaluate as ev
+    from perfpredict.models.bundle import default_bundle
+
+    seen = {}
+
+    class Kernels:
+        def __init__(self, seed=0):
+            pass
+
+        def fit(self, probes):
+            seen["probes"] = probes.height
+            return self
+
+    def fit_bundle(runs, kernels, *, seed=0, **kw):
+        seen["sources"] = set(runs["source"].unique().to_list())
+        b = default_bundle()
+        return type(b)(**{**b.__dict__, "metadata": dict(b.metadata)}), None
+
+    monkeypatch.setattr(ev, "KernelModel", Kernels)
+    monkeypatch.setattr(ev, "fit_bundle", fit_bundle)
+    res = held_out_sources(data="datasets", sources=("vtrain", "nemo_automodel"), refit=True)
+    assert seen["probes"] > 0 and not seen["sources"] & {"vtrain", "nemo_automodel"}
+    assert "msswift_examples" in seen["sources"]
+    assert {"vtrain", "nemo_automodel"} <= set(res["metrics"]["source"].to_list())
+
+
+def test_cli_refit_needs_held_out_source():
+    res = CliRunner().invoke(app, ["evaluate", "--refit"])
+    assert res.exit_code == 2 and "--refit goes with --held-out-source" in res.output
+
+
+def test_import_public_names_a_missing_transcription(tmp_path):
+    with pytest.raises(FileNotFoundError, match="transcription is committed"):
+        import_public(shared_root=tmp_path, out_root=tmp_path, only=["nemo_automodel"], transcribed_root=tmp_path)
+
