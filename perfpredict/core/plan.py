@@ -37,6 +37,36 @@ class Plan:
     stage_layers: tuple[int, ...] = ()  # layers per pipeline stage, first to last; () = an even split
 
     def __post_init__(self) -> None:
+        if not self._plainly_valid():
+            self._check()
+        sl = self.stage_layers
+        object.__setattr__(self, "stage_layers", tuple(sl))
+        if sl and len(set(sl)) == 1:
+            object.__setattr__(self, "stage_layers", ())  # an even split, said explicitly
+        # Megatron turns sequence parallelism off when tp is 1 (it has nothing to split over); so do we.
+        if self.sequence_parallel and self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+
+    def _plainly_valid(self) -> bool:
+        """_check's rules, without building its messages: plan enumeration creates thousands of plans, and
+        formatting every message of every check cost more than the enumeration itself."""
+        for v in (self.tp, self.pp, self.dp, self.cp, self.micro_batch, self.grad_accum, self.virtual_stages,
+                  self.ep):
+            if type(v) is not int or not 0 < v <= MAX_DEGREE:
+                return False
+        sl = self.stage_layers
+        return (type(self.zero) is int and self.zero in (0, 1, 2, 3)
+                and type(self.sequence_parallel) is bool and type(self.optimizer_offload) is bool
+                and type(self.param_offload) is bool
+                and self.recompute in RECOMPUTE and type(self.recompute) is str
+                and self.schedule in SCHEDULES and type(self.schedule) is str
+                and type(self.framework) is str and self.framework in FRAMEWORKS
+                and type(sl) in (tuple, list) and (not sl or all(type(n) is int and 0 < n <= MAX_DEGREE for n in sl))
+                and (not sl or len(sl) == self.pp)
+                and (self.schedule == "interleaved" or self.virtual_stages == 1))
+
+    def _check(self) -> None:
+        """Every rule a plan's fields obey, each failing with its own one-line message."""
         for f in ("tp", "pp", "dp", "cp", "micro_batch", "grad_accum", "virtual_stages", "ep"):
             v = getattr(self, f)
             require(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DEGREE,
@@ -57,14 +87,8 @@ class Plan:
         require(isinstance(sl, (tuple, list)) and all(isinstance(n, int) and not isinstance(n, bool) and
                                                        0 < n <= MAX_DEGREE for n in sl),
                 f"plan stage_layers must be a list of positive integers (layers per pipeline stage), got {sl!r}")
-        object.__setattr__(self, "stage_layers", tuple(sl))
         require(not sl or len(sl) == self.pp,
                 f"plan stage_layers lists {len(sl)} stage(s) but pp is {self.pp}")
-        if sl and len(set(sl)) == 1:
-            object.__setattr__(self, "stage_layers", ())  # an even split, said explicitly
-        # Megatron turns sequence parallelism off when tp is 1 (it has nothing to split over); so do we.
-        if self.sequence_parallel and self.tp == 1:
-            object.__setattr__(self, "sequence_parallel", False)
         require(self.schedule == "interleaved" or self.virtual_stages == 1,
                 "virtual_stages > 1 needs the interleaved schedule")
 

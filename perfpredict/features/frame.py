@@ -12,13 +12,17 @@ from perfpredict.core.plan import Plan
 from perfpredict.core.scenario import Scenario, cluster_columns, model_columns, plan_columns, workload_columns
 
 
-def plans_frame(model: ModelSpec, cluster: Cluster, workload, plans: Iterable[Plan]) -> pl.DataFrame:
-    """Plans as columns; the model/cluster/workload columns are constants broadcast over them."""
-    rows = [plan_columns(p) for p in plans]
+def plans_frame(model: ModelSpec, cluster: Cluster, workload, plans: Iterable[Plan] | pl.DataFrame) -> pl.DataFrame:
+    """Plans (Plan objects, or their plan columns as features.plans.plan_columns_frame builds them) as columns; the
+    model/cluster/workload columns are constants broadcast over them."""
     base = {**model_columns(model), **cluster_columns(cluster), **workload_columns(workload)}
-    if not rows:
+    if isinstance(plans, pl.DataFrame):
+        df = plans
+    else:
+        rows = [plan_columns(p) for p in plans]
+        df = pl.DataFrame(rows) if rows else pl.DataFrame()
+    if not df.height:
         return pl.DataFrame([{**base, **plan_columns(Plan())}]).clear()
-    df = pl.DataFrame(rows)
     return df.with_columns([pl.lit(v).alias(k) for k, v in base.items()]).select(list(base) + df.columns)
 
 

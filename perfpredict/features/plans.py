@@ -26,7 +26,8 @@ from perfpredict.core.frameworks import (
 )
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
-from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan
+from perfpredict.core.plan import FRAMEWORKS, RECOMPUTE, Plan, stage_layers_text
+from perfpredict.core.scenario import PLAN_COLUMNS
 from perfpredict.core.workload import Workload
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -203,8 +204,36 @@ HOST_RAM_REFUSAL = "their offloaded states need host RAM:"  # how refuse_host_ra
 def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
                     rejections: Rejections | None = None) -> Iterator[Plan]:
     """Every plan the capability table (core.frameworks) says its framework can run on this cluster."""
+    for fields in _plan_fields(model, cluster, workload, space, rejections):
+        yield Plan(**dict(zip(PLAN_COLUMNS, fields, strict=True)))
+
+
+def plan_columns_frame(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
+                       rejections: Rejections | None = None) -> pl.DataFrame:
+    """enumerate_plans' plans as the flat plan columns (core.scenario.plan_columns, in its order), built without a
+    Plan object per plan: a large ranking has tens of thousands, and validating each took longer than ranking them.
+    The plans are the same, in the same order (tests/test_speed.py)."""
+    rows = list(_plan_fields(model, cluster, workload, space, rejections))
+    cols = list(zip(*rows, strict=True)) if rows else [()] * len(PLAN_COLUMNS)
+    data = {}
+    for (name, col), values in zip(PLAN_COLUMNS.items(), cols, strict=True):
+        if name == "stage_layers":
+            text = {v: stage_layers_text(v) for v in set(values)}
+            values = [text[v] for v in values]
+        data[col] = pl.Series(col, values, dtype=_PLAN_DTYPES[type(getattr(_DEFAULT_PLAN, name))])
+    return pl.DataFrame(data)
+
+
+_DEFAULT_PLAN = Plan()
+_PLAN_DTYPES = {int: pl.Int64, bool: pl.Boolean, str: pl.Utf8, tuple: pl.Utf8}
+
+
+def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
+                 rejections: Rejections | None = None) -> Iterator[tuple]:
+    """The legal plans as tuples of Plan's fields in core.scenario.PLAN_COLUMNS' order (the one enumeration)."""
     space = space or PlanSpace()
     rej = rejections if rejections is not None else Rejections()
+    trainer_refusals: dict[tuple, object] = {}
     caps = []
     for f in space.frameworks:  # only frameworks one of whose trainers runs the objective (core.frameworks.Trainer)
         cap = capability(f)
@@ -257,13 +286,20 @@ def enumerate_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spac
                             for sp in sps:
                                 for ep in eps:
                                     for off, poff in offloads:
-                                        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero=zero,
-                                                    recompute=rc, micro_batch=mb, grad_accum=ga,
-                                                    optimizer_offload=off, param_offload=poff, framework=cap.name,
-                                                    schedule=schedule, virtual_stages=v, ep=ep, stage_layers=stages)
-                                        # The trainer that runs the objective may run less than its framework.
-                                        tr = trainer_refusal(plan, workload.objective)
+                                        # The trainer that runs the objective may run less than its framework
+                                        # (trainer_refusal reads the framework, ZeRO stage, offload and recompute:
+                                        # asked once per combination, counted at every plan it stops).
+                                        key = (cap.name, zero, off, rc)
+                                        if key not in trainer_refusals:
+                                            trainer_refusals[key] = trainer_refusal(
+                                                Plan(tp=tp, pp=pp, dp=dp, cp=cp, sequence_parallel=sp, zero=zero,
+                                                     recompute=rc, micro_batch=mb, grad_accum=ga,
+                                                     optimizer_offload=off, param_offload=poff, framework=cap.name,
+                                                     schedule=schedule, virtual_stages=v, ep=ep,
+                                                     stage_layers=stages), workload.objective)
+                                        tr = trainer_refusals[key]
                                         if tr:
                                             rej.add(tr.tally)
                                             continue
-                                        yield plan
+                                        yield (tp, pp, dp, cp, sp, zero, rc, mb, ga, off, cap.name, schedule, v,
+                                               ep, poff, stages)

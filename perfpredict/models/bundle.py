@@ -2,9 +2,9 @@
 (models.calibration), plan-level time and memory corrections with their applicability domains, per-domain
 conformal intervals and the OOM margins per (framework family, GPU memory class) (models.oom).
 
-Saved as xgboost JSON files, the corrections' training matrices as .npy (no pickle), and metadata.json (feature
-lists, the fitted launch floor and TRL calibration, options, domains, bounds, schema version, data hash, library
-versions). Loading checks the metadata and refuses a mismatch."""
+Saved as xgboost JSON files (each with its trees as numpy arrays beside it, models.trees), the corrections' training
+matrices as .npy (no pickle), and metadata.json (feature lists, the fitted launch floor and TRL calibration, options,
+domains, bounds, schema version, data hash, library versions). Loading checks the metadata and refuses a mismatch."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import polars as pl
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.features.reserve import with_reserve
 from perfpredict.models.compose import TRL_CALIBRATION, compose
-from perfpredict.models.gb import GBRegressor, xgb
+from perfpredict.models.gb import GBRegressor, xgboost_version
 from perfpredict.models.kernels import KernelModel, kernel_features
 from perfpredict.models.oom import FITS, OomMargins, margin_cells, verdict
 from perfpredict.models.plan_model import (
@@ -43,7 +43,7 @@ def versions() -> dict[str, str]:
 
     import perfpredict
 
-    return {"perfpredict": perfpredict.__version__, "xgboost": xgb.__version__, "polars": pl.__version__,
+    return {"perfpredict": perfpredict.__version__, "xgboost": xgboost_version(), "polars": pl.__version__,
             "numpy": numpy.__version__, "scikit-learn": version("scikit-learn")}
 
 
@@ -115,11 +115,11 @@ class Bundle:
         """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, the
         memory outside the allocator (r_*_gib) and the OOM verdict (models.oom.verdict; pred_fits: "fits")."""
         wt = self.time.weight(df)
-        t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df))
+        t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df, where=wt > 0))
         tlo, thi = self.time_intervals.bounds(self.time.interval_keys(df), wt, self.unseen_hardware(df))
         wm = self.memory.weight(df)
         analytic = df["d_mem_gib"].to_numpy()
-        mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df))
+        mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df, where=wm > 0))
         mlo, mhi = self.memory_intervals.bounds(self.memory.domain_keys(df), wm)
         mem_lo, mem_hi = mem * 10**mlo, mem * 10**mhi
         res = with_reserve(df.select("g_name", "g_memory_gib", "p_tp", "p_dp", "p_cp", "p_ep", "p_pp"))
@@ -176,9 +176,9 @@ class Bundle:
             raise PerfPredictError(f"predictor at {str(path)!r} has schema {meta.get('model_schema_version')}, this "
                                    f"perfpredict reads {MODEL_SCHEMA_VERSION}; retrain with `perfpredict train`")
         saved_xgb = meta.get("versions", {}).get("xgboost", "0").split(".")[0]
-        if saved_xgb != xgb.__version__.split(".")[0]:
+        if saved_xgb != xgboost_version().split(".")[0]:
             raise PerfPredictError(f"predictor at {str(path)!r} was saved by xgboost {meta['versions']['xgboost']}, "
-                                   f"this is {xgb.__version__}; retrain with `perfpredict train`")
+                                   f"this is {xgboost_version()}; retrain with `perfpredict train`")
         for name in meta["files"].values():
             if not (path / name).exists():
                 raise PerfPredictError(f"predictor at {str(path)!r} lacks {name}; retrain with `perfpredict train`")

@@ -9,6 +9,7 @@ plans are deduplicated by kernel shape and predicted in one batch per family."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, RUNTIMES
@@ -17,6 +18,7 @@ from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.models.hardware_frame import hardware_table
 from perfpredict.models.kernels import KernelModel, family_of
+from perfpredict.models.shapes import distinct_rows
 
 c = pl.col
 KERNEL_KEYS = ("hardware", "op", "pass_", "dtype", "m", "n", "k", "batch", "heads", "kv_heads", "seq_len",
@@ -274,8 +276,22 @@ def _optimizer(b: pl.DataFrame) -> list[pl.DataFrame]:
 
 def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     """Every kernel one rank runs in a step, for each plan row of a descriptor frame (with its count)."""
-    b = _base(desc)
-    frames = _gemms(b) + _attention(b) + _membound(b) + _comm(b) + _expert_parallel(b) + _optimizer(b)
+    return _queries(_base(desc))
+
+
+# The _base columns the compute kernels (_gemms, _attention, _membound) read: a rank's work shape. Plans that differ
+# only in how they communicate share it, and _kernel_parts builds and sums their compute queries once per shape.
+# Those functions get only these columns, so one that reads another fails at once (add it here), never silently.
+COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv", "hd", "h", "f", "gate", "t",
+                  "experts", "topk", "seqs", "s", "cp", "fwd_mult", "attn_fwd_extra", "head_ce", "head_fold",
+                  "head_fwd", "ref", "rc_attn", "rc_full", "sel_elem", "sel_gemm")
+
+
+def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
+    """kernel_queries from _base's columns, which are all they read; the compute kernels from `work` (rows of
+    COMPUTE_INPUTS with their own row ids) where given."""
+    w = b if work is None else work
+    frames = _gemms(w) + _attention(w) + _membound(w) + _comm(b) + _expert_parallel(b) + _optimizer(b)
     frames = [f if "part" in f.columns else f.with_columns(part=pl.lit("compute")) for f in frames]
     q = pl.concat(frames, how="diagonal_relaxed")
     for k in KERNEL_KEYS:
@@ -309,6 +325,11 @@ def canonical_frame(desc: pl.DataFrame) -> pl.DataFrame:
     plan with and without SP, at any bandwidth, and those knobs move the prediction exactly as the composition
     says (recompute, the reference and the number of micro-batches enter the correction only through features
     it is constrained to be non-decreasing in)."""
+    return describe(_canonical_flat(desc))
+
+
+def _canonical_flat(desc: pl.DataFrame) -> pl.DataFrame:
+    """canonical_frame before its descriptors are recomputed."""
     hw = hardware_table().select(g_name="hardware", _intra="hw_intra_gb_per_s", _inter="hw_inter_gb_per_s")
     flat = desc.with_row_index("_row").join(hw, on="g_name", how="left").sort("_row")
     flat = flat.with_columns(
@@ -320,7 +341,7 @@ def canonical_frame(desc: pl.DataFrame) -> pl.DataFrame:
         c_intra_bw_gb_per_s=pl.coalesce(c("_intra"), c("c_intra_bw_gb_per_s")),
         c_inter_bw_gb_per_s=pl.coalesce(c("_inter"), c("c_inter_bw_gb_per_s")),
     ).drop("_row", "_intra", "_inter")
-    return describe(flat)
+    return flat
 
 
 def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str, float] | None = None,
@@ -332,10 +353,19 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
     defaults, LAUNCH_FLOOR_S and TRL_CALIBRATION."""
     floors = launch_floor or LAUNCH_FLOOR_S
     cal = {**TRL_CALIBRATION, **(trl_calibration or {})}
-    out = _compose(desc, kernels, floors, cal)
     if not canonical:
-        return out
-    canon = _compose(canonical_frame(desc), kernels, floors, cal)
+        return _compose(desc, kernels, floors, cal)
+    # Many plans share one canonical plan: each distinct one is described and composed once (models.shapes). The
+    # descriptors are recomputed from the scenario columns, so those alone tell canonical plans apart.
+    flat = _canonical_flat(desc)
+    shapes, of_row = distinct_rows(flat, [k for k in flat.columns if not k.startswith(("d_", "k_", "kc_"))])
+    canon = describe(shapes)
+    try:  # the plans and their canonical plans ask the kernel models together: one query, one prediction each
+        both = _kernel_parts(pl.concat([desc, canon.select(desc.columns)], how="vertical"), kernels)
+        out, canon = _assemble(both.head(desc.height), floors, cal), _assemble(both.tail(canon.height), floors, cal)
+    except (pl.exceptions.SchemaError, pl.exceptions.ColumnNotFoundError):  # a frame the canonical one differs from
+        out, canon = _compose(desc, kernels, floors, cal), _compose(canon, kernels, floors, cal)
+    canon = canon[of_row]
     return out.with_columns(
         kc_step_s=canon["k_step_s"], **{f"kc_{p}_frac": canon[f"k_{p}_frac"] for p in (*PARTS, "launch")})
 
@@ -389,37 +419,40 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
 def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     """desc with each part's raw kernel seconds (k_<part>_raw_s), its backward share and timed-kernel count: the
     kernel models' work, which no launch floor or calibration changes (the grid searches reuse it)."""
-    q = kernel_queries(desc)
+    # Plans that ask the same kernels (one row of _base) are composed once (models.shapes), and their compute kernels
+    # once per work shape (ids n.. after the n distinct rows' own).
+    shapes, of_row = distinct_rows(_base(desc).drop("row"))
+    n = shapes.height
+    tasks, of_task = distinct_rows(shapes.select(COMPUTE_INPUTS))
+    q = _queries(shapes.with_row_index("row"), tasks.with_row_index("row", offset=n))
     keys = list(KERNEL_KEYS) + ["family"]
-    uniq = q.select(keys).unique()
-    prepared = kernels.prepare(uniq)
-    uniq = uniq.with_columns(kt=pl.Series(kernels.predict_prepared(prepared)))
-    q = q.join(uniq, on=keys, how="left", nulls_equal=True)
+    # Each distinct kernel is predicted once; the group lists the queries that ask for it.
+    groups = q.select(keys).with_row_index("_q").group_by(keys).agg("_q")
+    kt = np.empty(q.height)
+    kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict(groups.drop("_q")),
+                                                      groups["_q"].list.len().to_numpy())
+    q = q.with_columns(kt=pl.Series(kt))
     for k in ("rc", "rf"):
         q = q.with_columns(c(k).fill_null(0.0)) if k in q.columns else q.with_columns(pl.lit(0.0).alias(k))
     timed = c("part") == "compute"
-    q = q.with_columns(bwd=pl.when(timed).then(
+    work = c("kt") * c("count")
+    bwd = pl.when(timed).then(
         pl.when(c("family") == "membound").then(0.5)
         .otherwise(c("pass_").replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64))
-    ).otherwise(0.0) * c("kt") * c("count"))
-    parts = (q.group_by("row", "part").agg(s=(c("kt") * c("count")).sum())
-             .pivot(on="part", index="row", values="s"))
-    bwd = q.group_by("row").agg(
-        k_bwd_s=c("bwd").sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum(),
+    ).otherwise(0.0) * work
+    sums = q.group_by("row").agg(
+        *[work.filter(c("part") == p).sum().alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")],
+        k_bwd_s=bwd.sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum(),
         # Of the compute: recompute's forward work and the live reference's forward (engine terms for --explain).
         k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0).sum(),
         k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0).sum(),
-        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(c("kt") * c("count")).otherwise(0.0).sum()
-           for f in TRL_FAMILIES})
-    for p in (*PARTS, "dpgather", "trlfold"):
-        if p not in parts.columns:
-            parts = parts.with_columns(pl.lit(0.0).alias(p))
-    parts = parts.select("row", *[c(p).fill_null(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")])
-    out = (desc.with_row_index("row").join(parts, on="row", how="left").join(bwd, on="row", how="left")
-           .drop("row"))
-    return out.with_columns([c(f"k_{p}_raw_s").fill_null(0.0) for p in (*PARTS, "dpgather", "trlfold")]
-                            + [c(k).fill_null(0.0) for k in ("k_bwd_s", "k_recompute_s", "k_reference_s",
-                                                              *(f"k_{f}_s" for f in TRL_FAMILIES))])
+        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0).sum() for f in TRL_FAMILIES})
+    sums = (pl.DataFrame({"row": np.arange(n + tasks.height, dtype=np.uint32)}).join(sums, on="row", how="left")
+            .drop("row").fill_null(0.0))
+    # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
+    own, shape = sums.head(n), sums[n + of_task]
+    sums = pl.DataFrame([own[k] + shape[k] for k in sums.columns])
+    return desc.hstack(sums[of_row])
 
 
 def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float] | None = None) -> pl.DataFrame:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from scipy.spatial import cKDTree
 
 from perfpredict.core.catalog import cpu_names
 from perfpredict.core.frameworks import FAMILY, TRL_FRAMEWORKS
 from perfpredict.features.compute import on_cpu
 from perfpredict.models.gb import GBRegressor
+from perfpredict.models.neighbours import Neighbours
 
 c = pl.col
 FRAMEWORK_CODES = ("megatron", "deepspeed", "fsdp", "nanotron")
@@ -156,9 +156,16 @@ class Correction:
         return f"{FAMILY.get(framework, framework)}:{hardware}:{'multi' if multi_node else 'single'}-node"
 
     def domain_keys(self, df: pl.DataFrame) -> list[str]:
-        multi = (df["c_nodes"] > 1).to_list() if "c_nodes" in df.columns else [False] * df.height
-        return [self._domain_key(f, g, m) for f, g, m in zip(df["p_framework"].to_list(), df["g_name"].to_list(),
-                                                               multi, strict=True)]
+        multi = (c("c_nodes") > 1) if "c_nodes" in df.columns else pl.lit(False)
+        # A ranking's rows share a handful of keys: each distinct one is built once.
+        combo = df.select(pl.struct(f=c("p_framework"), g=c("g_name"), m=multi).alias("k"))["k"]
+        distinct = combo.unique(maintain_order=True)
+        keys = [self._domain_key(r["f"], r["g"], r["m"]) for r in distinct.to_list()]
+        if len(keys) == 1:
+            return keys * df.height
+        index = combo.to_frame().join(distinct.to_frame().with_row_index("i"), on="k", how="left",
+                                      maintain_order="left", nulls_equal=True)["i"].to_list()
+        return [keys[i] for i in index]
 
     def interval_keys(self, df: pl.DataFrame) -> list[str]:
         """The domain key, refined for step-time intervals where the pipeline crosses nodes: there the published
@@ -221,17 +228,20 @@ class Correction:
         multi-node rows vouch for the playbook's)."""
         if getattr(self, "_trees", None) is None:
             Z = (self.train_X_ - self.center_) / self.scale_
-            self._trees = {k: cKDTree(Z[self.train_keys_ == k]) for k in sorted(set(self.train_keys_.tolist()))}
+            self._trees = {k: Neighbours(Z[self.train_keys_ == k]) for k in sorted(set(self.train_keys_.tolist()))}
         return self._trees
 
-    def distance(self, df: pl.DataFrame) -> np.ndarray:
+    def distance(self, df: pl.DataFrame, *, beyond: float | None = None) -> np.ndarray:
         """Mean distance to the K nearest training rows of the row's domain, in units of that domain's own 95th
-        percentile; inf for a domain never measured."""
+        percentile; inf for a domain never measured, and (with `beyond`) for rows certainly farther than `beyond`
+        (no search needed: nothing past it changes the weight)."""
         Z = (self._X(df) - self.center_) / self.scale_
         keys = np.array(self.domain_keys(df), dtype=object)
         out = np.full(len(Z), np.inf)
         for key, tree in self._trees_of().items():
             idx = keys == key
+            if beyond is not None and idx.any():  # slack: "certainly" must survive the division's rounding
+                idx[idx] = ~tree.outside(Z[idx], beyond * self.radius_[key] * (1.0 + 1e-9))
             if not idx.any():
                 continue
             d, _ = tree.query(Z[idx], k=min(K_NEIGHBOURS, tree.n))
@@ -247,12 +257,19 @@ class Correction:
         """Applicability of the correction per row, in [0, 1]."""
         w = self.in_domain(df).astype(float)
         if self.shrink and df.height:
-            w *= np.clip(2.0 - np.nan_to_num(self.distance(df), posinf=2.0), 0.0, 1.0)
+            w *= np.clip(2.0 - np.nan_to_num(self.distance(df, beyond=2.0), posinf=2.0), 0.0, 1.0)
         return w
 
-    def predict_log_ratio(self, df: pl.DataFrame) -> np.ndarray:
+    def predict_log_ratio(self, df: pl.DataFrame, where: np.ndarray | None = None) -> np.ndarray:
+        """The bounded correction per row; with `where`, only those rows are predicted (0 elsewhere: rows whose
+        weight is 0 need none, and most of a large ranking lies outside every measured domain)."""
         if self.model_ is None:
             return np.zeros(df.height)
+        if where is not None:
+            out = np.zeros(df.height)
+            if where.any():
+                out[where] = self.predict_log_ratio(df.filter(pl.Series(where)))
+            return out
         r = self.model_.predict(self._X(df))
         if self.bound:
             r = np.clip(r, *self.bounds_)

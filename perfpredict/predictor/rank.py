@@ -14,7 +14,7 @@ from perfpredict.core.model import ModelSpec
 from perfpredict.core.schema import RANK_COLUMNS
 from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
-from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
+from perfpredict.features.plans import PlanSpace, Rejections, plan_columns_frame
 from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import ENGINE_TERMS, load_predictor, predict_frame
 
@@ -67,8 +67,8 @@ def _label_expr() -> pl.Expr:
 def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space: PlanSpace | None = None,
                bundle: Bundle | None = None) -> Ranking:
     rej = Rejections()
-    plans = list(enumerate_plans(model, cluster, workload, space, rej))
-    if not plans:
+    plans = plan_columns_frame(model, cluster, workload, space, rej)
+    if not plans.height:
         reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
         raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
                                f"{workload.global_batch}: {reasons}")
