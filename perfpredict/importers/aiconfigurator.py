@@ -9,7 +9,6 @@ table as AIConfigurator wrote it (the vLLM generation model reads them). Latenci
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
