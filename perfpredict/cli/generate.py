@@ -290,7 +290,7 @@ def silicon_report(res: dict) -> list:
     out.append(lt)
     used = res["correction_used"]
     for q, what in (("tpot", "TPOT / throughput (a scale per backend x dense/MoE)"),
-                    ("ttft", "TTFT (steady state + opening burst + a fixed front-end time, per backend)")):
+                    ("ttft", "TTFT (grouped returns + opening burst + a fixed front-end time, pooled over backends)")):
         out.append(f"learned correction of {what}: " + ("used: it lowers the held-out error on every split"
                                                          if used[q] else "not used: it does not lower the held-out "
                                                                          "error on every split"))

@@ -117,9 +117,12 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
                          max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"], overhead_s=0.0,
                          kv_pool_tokens=cap.pool_tokens if cap.fits else None)
         roof = roofline_tpot(m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"])
+        # TTFT composed as the benchmark runs: fixed isl / osl at a fixed concurrency, so the requests come back
+        # in the groups the opening burst formed (engine.wave_ttft); the random-arrival steady state is kept
+        # beside it for the record (it was the composition's TTFT until issue 20's TTFT item: 70 % vs 46 %).
         out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": s.tpot_s,
-                    "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "pred_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s,
-                    "roof_tpot_s": roof,
+                    "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "pred_ttft_s": s.wave_ttft_s,
+                    "random_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s, "roof_tpot_s": roof,
                     "prefill_steps": s.prefill_steps})
     return pl.concat([df, pl.DataFrame(out)], how="horizontal")
 
@@ -138,9 +141,10 @@ def replica_kv(m: ModelSpec, r: dict[str, Any]):
 
 # --- the learned correction ----------------------------------------------------------------------------------------
 # Per (backend, dense or MoE): TPOT = a x composed TPOT (a: the median measured / composed ratio);
-# TTFT = u x steady-state TTFT + w x all-at-once TTFT + c (w: the share of a benchmark's requests that arrive in its
-# opening burst, c: the front end's fixed time, tokenising and HTTP; neither is stated by the source). Least squares
-# on relative error, all terms >= 0.
+# TTFT = u x grouped-return TTFT + w x all-at-once TTFT + c (w: the share of a benchmark's requests in its opening
+# burst, c: the front end's fixed time, tokenising and HTTP; neither is stated by the source), pooled over the
+# backends (per backend it lost held out by model and GPU: 56 / 57 % dense vs 47 / 42 %), fitted by least absolute
+# relative error (the reported metric; least squares: 51 / 44 %), all terms >= 0.
 Correction = dict[tuple[str, bool], tuple[float, ...]]
 N_TERMS = 5
 
@@ -153,18 +157,30 @@ def _nnls_rel(cols: list[np.ndarray], y: np.ndarray) -> list[float]:
     return [float(v) for v in x]
 
 
+def _l1_rel(cols: list[np.ndarray], y: np.ndarray) -> list[float]:
+    """Non-negative x minimising sum |A x / y - 1| (a linear programme: x >= 0 and one slack e_i >= |residual_i|
+    per row)."""
+    from scipy.optimize import linprog
+
+    A = np.stack([c / y for c in cols], axis=1)
+    n, k = A.shape
+    eye = np.eye(n)
+    r = linprog(np.r_[np.zeros(k), np.ones(n)], A_ub=np.block([[A, -eye], [-A, -eye]]),
+                b_ub=np.r_[np.ones(n), -np.ones(n)], bounds=[(0, None)] * (k + n), method="highs")
+    return [float(v) for v in r.x[:k]] if r.success else _nnls_rel(cols, y)
+
+
 def fit_correction(df: pl.DataFrame) -> Correction:
-    """TPOT per (backend, dense/MoE); TTFT per backend (its front end and arrival pattern are the backend's, not
-    the model's), and both over all backends under "*" for a backend the rows lack."""
+    """TPOT per (backend, dense/MoE), and over all backends under "*" for a backend the rows lack; TTFT over all
+    backends."""
     def ttft_terms(d: pl.DataFrame) -> list[float]:
         yt = d["silicon_ttft_ms"].to_numpy() / 1e3
-        return _nnls_rel([d["pred_ttft_s"].to_numpy(), d["burst_ttft_s"].to_numpy(), np.ones(d.height)], yt)
+        return _l1_rel([d["pred_ttft_s"].to_numpy(), d["burst_ttft_s"].to_numpy(), np.ones(d.height)], yt)
 
     def tpot_scale(d: pl.DataFrame) -> float:
         return float(np.exp(np.median(np.log(d["silicon_tpot_ms"].to_numpy() / 1e3 / d["pred_tpot_s"].to_numpy()))))
 
     out: Correction = {}
-    ttft = {be: ttft_terms(d) for (be,), d in df.group_by("backend")}
     pooled = ttft_terms(df)
     for moe in (False, True):
         d = df.filter(pl.col("is_moe") == moe)
@@ -172,7 +188,7 @@ def fit_correction(df: pl.DataFrame) -> Correction:
             # An intercept fitted beside the TPOT scale traded the slope for a constant and lost held out.
             out[("*", moe)] = (tpot_scale(d), 0.0, *pooled)
     for (be, moe), d in df.group_by("backend", "is_moe"):
-        out[(be, bool(moe))] = (tpot_scale(d), 0.0, *ttft[be])
+        out[(be, bool(moe))] = (tpot_scale(d), 0.0, *pooled)
     return out
 
 
