@@ -31,11 +31,16 @@ GPUS = {"a100_sxm": "a100-sxm-80gb", "h100_sxm": "h100-sxm-80gb", "h200_sxm": "h
         "gb200": "gb200", "b300_sxm": "b300", "gb300": "gb300", "l40s": "l40s", "rtx_pro_6000_server": "rtx-pro-6000"}
 MS = 1e-3
 c = pl.col
-# Upstream dtype names -> the probe schema's. fp8_block (DeepGEMM/CUTLASS 128x128 block scales), nvfp4 and the MoE
-# weight-only / mxfp4 modes are not imported: no plan here runs them, and their rates need their own peak figures.
+# Upstream dtype names -> the probe schema's. nvfp4 and the MoE weight-only / mxfp4 modes are not imported: no plan
+# here runs them, and their rates need their own peak figures.
 GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
 KV_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
 MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+# fp8_block (128x128 block scales: DeepGEMM / CUTLASS GEMMs, vLLM's Fp8MoE Triton and FlashInfer CUTLASS experts),
+# the format of block-quantised checkpoints (Qwen3-*-FP8): imported into files of their own, not probes*.parquet,
+# so the kernel models that train reads keep their dtypes (the schema has no block-FP8 peak); only the vLLM silicon
+# composition (models.generate.silicon) reads them, as `fp8_block`.
+BLOCK_FP8 = {"fp8_block": "fp8_block"}
 NCCL_DTYPES = {"half": ("fp16", 2), "int8": ("int8", 1)}
 NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
             "alltoall": "all_to_all"}
@@ -116,10 +121,10 @@ def _finish(frames: list[pl.DataFrame], upstream_keys: list[str]) -> pl.DataFram
     return conform(df.select([x for x in schema if x in df.columns] + [x for x in keep if x not in schema]), schema)
 
 
-def import_gemm(src: Path) -> pl.DataFrame:
+def import_gemm(src: Path, dtypes: dict[str, str] = GEMM_DTYPES) -> pl.DataFrame:
     frames = []
     for gpu, path in _tables(src, "gemm", "gemm_perf"):
-        df = _read(src, gpu, path).filter(c("gemm_dtype").is_in(list(GEMM_DTYPES)))
+        df = _read(src, gpu, path).filter(c("gemm_dtype").is_in(list(dtypes)))
         # m: every decode-sized count (the m+1 variants upstream probes tile edges with are dropped above 16),
         # then log-spaced prefill sizes; n and k log-spaced from 128.
         ms = df["m"].unique().to_list()
@@ -130,7 +135,7 @@ def import_gemm(src: Path) -> pl.DataFrame:
         df = df.filter(c("m").is_in(small + large) & c("n").is_in(nk) & c("k").is_in(nk))
         frames.append(df.with_columns(
             op=pl.lit("gemm"), pass_=pl.lit("fwd"),
-            dtype=c("gemm_dtype").replace_strict(GEMM_DTYPES, return_dtype=pl.Utf8),
+            dtype=c("gemm_dtype").replace_strict(dtypes, return_dtype=pl.Utf8),
             flops=2.0 * c("m").cast(pl.Float64) * c("n").cast(pl.Float64) * c("k").cast(pl.Float64)))
     return _finish(frames, ["gemm_dtype", "m", "n", "k"])
 
@@ -178,19 +183,19 @@ MOE_KEYS = ["moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num
             "distribution"]
 
 
-def import_moe(src: Path) -> pl.DataFrame:
+def import_moe(src: Path, dtypes: dict[str, str] = MOE_DTYPES) -> pl.DataFrame:
     """Fused MoE layer (router excluded, gate+up and down GEMMs of the local experts), per GPU of a moe_tp x moe_ep
     group. flops = 2 x 3 x hidden x inter/tp x tokens x topk / ep (gated: gate, up and down), the balanced share."""
     frames = []
     for gpu, path in _tables(src, "moe", "moe_perf"):
-        df = _read(src, gpu, path).filter(c("moe_dtype").is_in(list(MOE_DTYPES))
+        df = _read(src, gpu, path).filter(c("moe_dtype").is_in(list(dtypes))
                                           & c("distribution").is_in(list(MOE_DISTRIBUTIONS)))
         toks = log_spaced(df["num_tokens"].unique().to_list(), MOE_TOKENS)
         df = df.filter(c("num_tokens").is_in(toks))
         f64 = lambda x: c(x).cast(pl.Float64)  # noqa: E731
         frames.append(df.with_columns(
             op=pl.lit("moe"), pass_=pl.lit("fwd"),
-            dtype=c("moe_dtype").replace_strict(MOE_DTYPES, return_dtype=pl.Utf8),
+            dtype=c("moe_dtype").replace_strict(dtypes, return_dtype=pl.Utf8),
             flops=6.0 * f64("hidden_size") * f64("inter_size") / f64("moe_tp_size") * f64("num_tokens") * f64("topk")
             / f64("moe_ep_size")))
     return _finish(frames, MOE_KEYS)
@@ -231,8 +236,13 @@ TABLES = {"gemm": import_gemm, "context_attention": import_context_attention,
           "custom_allreduce": import_custom_allreduce}
 
 
+# The block-FP8 tables (BLOCK_FP8): same columns and subsampling as probes_gemm / probes_moe.
+BLOCK_FP8_TABLES = {"gemm": lambda src: import_gemm(src, BLOCK_FP8), "moe": lambda src: import_moe(src, BLOCK_FP8)}
+
+
 def import_all(src: Path) -> dict[str, pl.DataFrame]:
-    return {f"probes_{name}": fn(src) for name, fn in TABLES.items()}
+    return {**{f"probes_{name}": fn(src) for name, fn in TABLES.items()},
+            **{f"fp8_block_{name}": fn(src) for name, fn in BLOCK_FP8_TABLES.items()}}
 
 
 SECTION = """\
@@ -260,7 +270,7 @@ upstream's collector/network/collect_nccl.py runs nccl-tests with `-b <bytes> -e
 alltoall: the per-rank input), the schema's meaning.
 
 - probes_gemm: op `gemm`, pass_ `fwd`, gemm_dtype bfloat16 (`torch.nn.functional.linear`) -> dtype `bf16` and fp8
-  (per-tensor scaled CUTLASS) -> `fp8`; fp8_block and nvfp4 rows not imported. Subsampled per GPU: every m <= 16 and
+  (per-tensor scaled CUTLASS) -> `fp8`; fp8_block rows in fp8_block_gemm.parquet (below), nvfp4 not imported. Subsampled per GPU: every m <= 16 and
   every multiple of 16 up to 256 (decode batch sizes; upstream's m+1 tile-edge variants dropped), 8 log-spaced even m
   above 256 (up to 32,768); n and k each the 9 powers of two upstream has from 128 to 65,536 (128 ... 16,384 and
   65,536). flops = 2 m n k.
@@ -273,7 +283,7 @@ alltoall: the per-rank input), the schema's meaning.
 - probes_generation_attention: op `decode_attention` (one decode step: one query token per sequence over `step`
   cached tokens), seq_len = step, causal false, the same filters; flops = 4 b heads step head_dim.
 - probes_moe: op `moe` (fused MoE layer as vLLM runs it, per GPU of a moe_tp x moe_ep group), moe_dtype bfloat16
-  -> `bf16`, fp8 -> `fp8` (other quantisations not imported), 10 log-spaced num_tokens per GPU, every shape, routing
+  -> `bf16`, fp8 -> `fp8` (fp8_block in fp8_block_moe.parquet, below; other quantisations not imported), 10 log-spaced num_tokens per GPU, every shape, routing
   distributions balanced and power_law_1.01 (upstream's power_law_1.2, the most skewed, not imported). flops = 6 hidden inter/moe_tp
   num_tokens topk / moe_ep (gate, up and down projections of the balanced share). Caveat (upstream's notes):
   dummy weights bias the routing.
@@ -282,6 +292,10 @@ alltoall: the per-rank input), the schema's meaning.
   gb200/gb300 trays), every size kept.
 - probes_custom_allreduce: vLLM's custom all-reduce (bf16), op `custom_all_reduce` (backend vllm_graph: inside a
   CUDA graph, as decode runs) or `custom_all_reduce_eager` (vllm_eager), bytes = 2 x message_size, every size kept.
+- fp8_block_gemm.parquet, fp8_block_moe.parquet: the gemm_dtype / moe_dtype `fp8_block` rows (128x128 block scales:
+  DeepGEMM / CUTLASS GEMMs; vLLM's Fp8MoE Triton and FlashInfer CUTLASS experts), dtype `fp8_block`, the same
+  columns and subsampling as probes_gemm / probes_moe. Not named probes*: the schema's dtypes (and the kernel models
+  train fits) have no block-FP8 peak; the vLLM silicon composition reads them for block-quantised checkpoints.
 """
 
 

@@ -262,8 +262,10 @@ def layout_choice(df: pl.DataFrame, data: Path) -> dict[str, Any]:
         r0 = dict(zip(GROUP, key, strict=True))
         best = g["meas_tps"].max()
         by_tp = {int(t): v for t, v in zip(g["tp_size"], g["meas_tps"], strict=True)}
-        pick = int(g.sort("pred_tps", descending=True)["tp_size"][0])
-        roof = int(g.sort("roof_tps", descending=True)["tp_size"][0])
+        # Ties (the roofline's compute bound is often equal across TP) go to the smaller TP, so the pick does not
+        # depend on the order polars' group_by returns.
+        pick = int(g.sort(["pred_tps", "tp_size"], descending=[True, False])["tp_size"][0])
+        roof = int(g.sort(["roof_tps", "tp_size"], descending=[True, False])["tp_size"][0])
         rule = rule_of_thumb_tp(specs[r0["model_path"]], r0["gpu"], list(by_tp), isl=r0["isl"], osl=r0["osl"],
                                 quant=r0["gemm_quant_mode"] or "bf16")
         cases.append({**r0, "tps": sorted(by_tp), "best_tp": max(by_tp, key=by_tp.get), "pred_tp": pick,
