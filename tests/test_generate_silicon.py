@@ -179,8 +179,11 @@ def test_evaluate_silicon_cli_reports_held_out_errors_and_layout_choice(tmp_path
     lay = res["layout_composition"]
     assert lay["pred_within_5pct"] >= lay["rule_within_5pct"] and lay["pred_within_5pct"] >= 0.85
     assert {s["split"] for s in res["splits"]} == {"model", "gpu", "backend"}
-    r = runner.invoke(app, ["generate", "evaluate", "--silicon"])
-    assert r.exit_code == 0 and "rule: smallest TP that fits" in r.output
+    r = runner.invoke(app, ["generate", "evaluate", "--silicon", "--markdown", "-"])
+    assert r.exit_code == 0 and "| rule: smallest TP that fits |" in r.output and "| held out by |" in r.output
+    assert "composition (no fitted part)" not in r.output  # stdout carries the markdown alone
+    r = runner.invoke(app, ["generate", "evaluate", "--markdown", "-"])
+    assert r.exit_code != 0 and "add --silicon" in r.output and "Traceback" not in r.output
 
 
 def test_learned_correction_is_used_only_where_it_helps_held_out():

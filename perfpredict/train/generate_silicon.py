@@ -327,6 +327,43 @@ def evaluate_silicon(data: Path | str = "datasets") -> dict[str, Any]:
     return res
 
 
+def silicon_markdown(res: dict[str, Any]) -> str:
+    """The result of evaluate_silicon as the markdown tables docs/generate-accuracy.md quotes: errors per held-out
+    group (composition, and the correction refitted without the group), pooled per split, and the layout choice."""
+    def p(x: float | None) -> str:
+        return "" if x is None else f"{100 * x:.1f} %"
+
+    out = ["| held out | kind | runs | TPOT MAPE | tok/s per GPU MAPE | tok/s, corrected | TTFT MAPE | TTFT, corrected "
+           "| roofline tok/s MAPE |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for sp in res["splits"]:
+        for kind in ("dense", "moe"):
+            c, k = sp["composition"].get(kind), sp["corrected"].get(kind)
+            if c:
+                out.append(f"| {sp['split']}: {sp['held_out']} | {kind} | {c['rows']:,} | {p(c['tpot_mape'])} | "
+                           f"{p(c['throughput_mape'])} | {p(k['throughput_mape'])} | {p(c['ttft_mape'])} | "
+                           f"{p(k['ttft_mape'])} | {p(c['roofline_throughput_mape'])} |")
+    for kind in ("dense", "moe"):
+        c = res["composition"].get(kind)
+        if c:
+            out.append(f"| **all** | {kind} | {c['rows']:,} | {p(c['tpot_mape'])} | {p(c['throughput_mape'])} | | "
+                       f"{p(c['ttft_mape'])} | | {p(c['roofline_throughput_mape'])} |")
+    out += ["", "| held out by | tok/s dense, corrected | tok/s MoE, corrected | TTFT dense, corrected | TTFT MoE, "
+            "corrected |", "|---|---:|---:|---:|---:|"]
+    for split in SPLITS:
+        e = res[f"held_out_{split}"]["errors"]
+        d, m = e.get("dense", {}), e.get("moe", {})
+        out.append(f"| {split} | {p(d.get('throughput_mape'))} | {p(m.get('throughput_mape'))} | "
+                   f"{p(d.get('ttft_mape'))} | {p(m.get('ttft_mape'))} |")
+    lay = res["layout_composition"]
+    out += ["", f"Layout choice in {lay['groups']} groups:", "", "| chooser | best within 5 % | mean regret |",
+            "|---|---:|---:|"]
+    for who, name in (("pred", "composition"), ("rule", "rule: smallest TP that fits"), ("roof", "roofline")):
+        out.append(f"| {name} | {p(lay[f'{who}_within_5pct'])} | {p(lay[f'{who}_mean_regret'])} |")
+    used = res["correction_used"]
+    out += ["", f"Correction used: TPOT {'yes' if used['tpot'] else 'no'}, TTFT {'yes' if used['ttft'] else 'no'}."]
+    return "\n".join(out) + "\n"
+
+
 def _strip(x: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in x.items() if k != "cases"}
 
