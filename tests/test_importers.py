@@ -276,8 +276,8 @@ def test_aiconfigurator_rows_match_upstream():
 
 
 def test_aiconfigurator_block_fp8_tables_sit_outside_the_probes():
-    """fp8_block GEMMs and experts ship in files of their own (train reads probes*.parquet, whose dtypes have no
-    block-FP8 peak), with the probes' columns and dtype `fp8_block`."""
+    """fp8_block experts ship in a file of their own (train reads probes*.parquet, whose dtypes have no block-FP8
+    peak), with the probes' columns and dtype `fp8_block`."""
     for table in aiconfigurator.BLOCK_FP8_TABLES:
         df = pl.read_parquet(AIC_COMMITTED / f"fp8_block_{table}.parquet")
         assert set(df["dtype"]) == {"fp8_block"} and {"h100-sxm-80gb", "h200-sxm-141gb", "b200"} <= set(df["hardware"])
@@ -292,8 +292,8 @@ def test_aiconfigurator_block_fp8_rows_match_upstream():
         r = df.row(df.height // 3, named=True)
         path, row = r["upstream_ref"].rsplit(":", 1)
         up = pl.read_parquet(SHARED / "aiconfigurator" / path).row(int(row), named=True)
-        assert up["latency"] == r["latency"] and up.get("gemm_dtype", up.get("moe_dtype")) == "fp8_block"
-        for key in ("m", "n", "k", "num_tokens", "hidden_size", "moe_tp_size"):
+        assert up["latency"] == r["latency"] and up["moe_dtype"] == "fp8_block"
+        for key in ("num_tokens", "hidden_size", "inter_size", "num_experts", "moe_tp_size", "moe_ep_size"):
             if key in up:
                 assert up[key] == r[key], (table, key)
 

@@ -36,10 +36,13 @@ c = pl.col
 GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
 KV_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
 MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
-# fp8_block (128x128 block scales: DeepGEMM / CUTLASS GEMMs, vLLM's Fp8MoE Triton and FlashInfer CUTLASS experts),
-# the format of block-quantised checkpoints (Qwen3-*-FP8): imported into files of their own, not probes*.parquet,
-# so the kernel models that train reads keep their dtypes (the schema has no block-FP8 peak); only the vLLM silicon
-# composition (models.generate.silicon) reads them, as `fp8_block`.
+# fp8_block experts (128x128 block scales: vLLM's Fp8MoE Triton and FlashInfer CUTLASS kernels), the format of
+# block-quantised checkpoints (Qwen3-*-FP8): imported into a file of its own, not probes*.parquet, so the kernel
+# models that train reads keep their dtypes (the schema has no block-FP8 peak); only the vLLM silicon composition
+# (models.generate.silicon) reads it, as `fp8_block`. The fp8_block GEMMs are not imported: below m = 1,024 they are
+# 4-5x slower than bf16 on the H100 (55-85 us for 4096 x 4096: the activation quantisation and scale path), slower
+# than the block-FP8 runs decode, so the composition takes the bf16 GEMM for them either way (and the datasets'
+# size cap, tests/test_importers.py, is better spent elsewhere).
 BLOCK_FP8 = {"fp8_block": "fp8_block"}
 NCCL_DTYPES = {"half": ("fp16", 2), "int8": ("int8", 1)}
 NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
@@ -121,10 +124,10 @@ def _finish(frames: list[pl.DataFrame], upstream_keys: list[str]) -> pl.DataFram
     return conform(df.select([x for x in schema if x in df.columns] + [x for x in keep if x not in schema]), schema)
 
 
-def import_gemm(src: Path, dtypes: dict[str, str] = GEMM_DTYPES) -> pl.DataFrame:
+def import_gemm(src: Path) -> pl.DataFrame:
     frames = []
     for gpu, path in _tables(src, "gemm", "gemm_perf"):
-        df = _read(src, gpu, path).filter(c("gemm_dtype").is_in(list(dtypes)))
+        df = _read(src, gpu, path).filter(c("gemm_dtype").is_in(list(GEMM_DTYPES)))
         # m: every decode-sized count (the m+1 variants upstream probes tile edges with are dropped above 16),
         # then log-spaced prefill sizes; n and k log-spaced from 128.
         ms = df["m"].unique().to_list()
@@ -135,7 +138,7 @@ def import_gemm(src: Path, dtypes: dict[str, str] = GEMM_DTYPES) -> pl.DataFrame
         df = df.filter(c("m").is_in(small + large) & c("n").is_in(nk) & c("k").is_in(nk))
         frames.append(df.with_columns(
             op=pl.lit("gemm"), pass_=pl.lit("fwd"),
-            dtype=c("gemm_dtype").replace_strict(dtypes, return_dtype=pl.Utf8),
+            dtype=c("gemm_dtype").replace_strict(GEMM_DTYPES, return_dtype=pl.Utf8),
             flops=2.0 * c("m").cast(pl.Float64) * c("n").cast(pl.Float64) * c("k").cast(pl.Float64)))
     return _finish(frames, ["gemm_dtype", "m", "n", "k"])
 
@@ -236,8 +239,8 @@ TABLES = {"gemm": import_gemm, "context_attention": import_context_attention,
           "custom_allreduce": import_custom_allreduce}
 
 
-# The block-FP8 tables (BLOCK_FP8): same columns and subsampling as probes_gemm / probes_moe.
-BLOCK_FP8_TABLES = {"gemm": lambda src: import_gemm(src, BLOCK_FP8), "moe": lambda src: import_moe(src, BLOCK_FP8)}
+# The block-FP8 table (BLOCK_FP8): same columns and subsampling as probes_moe.
+BLOCK_FP8_TABLES = {"moe": lambda src: import_moe(src, BLOCK_FP8)}
 
 
 def import_all(src: Path) -> dict[str, pl.DataFrame]:
@@ -270,7 +273,7 @@ upstream's collector/network/collect_nccl.py runs nccl-tests with `-b <bytes> -e
 alltoall: the per-rank input), the schema's meaning.
 
 - probes_gemm: op `gemm`, pass_ `fwd`, gemm_dtype bfloat16 (`torch.nn.functional.linear`) -> dtype `bf16` and fp8
-  (per-tensor scaled CUTLASS) -> `fp8`; fp8_block rows in fp8_block_gemm.parquet (below), nvfp4 not imported. Subsampled per GPU: every m <= 16 and
+  (per-tensor scaled CUTLASS) -> `fp8`; fp8_block and nvfp4 rows not imported. Subsampled per GPU: every m <= 16 and
   every multiple of 16 up to 256 (decode batch sizes; upstream's m+1 tile-edge variants dropped), 8 log-spaced even m
   above 256 (up to 32,768); n and k each the 9 powers of two upstream has from 128 to 65,536 (128 ... 16,384 and
   65,536). flops = 2 m n k.
@@ -292,10 +295,10 @@ alltoall: the per-rank input), the schema's meaning.
   gb200/gb300 trays), every size kept.
 - probes_custom_allreduce: vLLM's custom all-reduce (bf16), op `custom_all_reduce` (backend vllm_graph: inside a
   CUDA graph, as decode runs) or `custom_all_reduce_eager` (vllm_eager), bytes = 2 x message_size, every size kept.
-- fp8_block_gemm.parquet, fp8_block_moe.parquet: the gemm_dtype / moe_dtype `fp8_block` rows (128x128 block scales:
-  DeepGEMM / CUTLASS GEMMs; vLLM's Fp8MoE Triton and FlashInfer CUTLASS experts), dtype `fp8_block`, the same
-  columns and subsampling as probes_gemm / probes_moe. Not named probes*: the schema's dtypes (and the kernel models
-  train fits) have no block-FP8 peak; the vLLM silicon composition reads them for block-quantised checkpoints.
+- fp8_block_moe.parquet: the moe_dtype `fp8_block` rows (128x128 block scales: vLLM's Fp8MoE Triton and FlashInfer
+  CUTLASS experts), dtype `fp8_block`, the same columns and subsampling as probes_moe. Not named probes*: the
+  schema's dtypes (and the kernel models train fits) have no block-FP8 peak; the vLLM silicon composition reads it
+  for block-quantised checkpoints. The fp8_block GEMMs are not imported (slower than bf16 below m = 1,024).
 """
 
 

@@ -144,14 +144,9 @@ class SiliconKernels:
         return _pivot(g, ["m", "n", "k"])
 
     def gemm(self, m, n: int, k: int, dtype: str = "bfloat16") -> np.ndarray:
-        t = self._gemm_grid(dtype)(m, n, k, scale_axes=(0, 1, 2))
-        if dtype == "fp8_block":
-            # The measured block-FP8 GEMMs take 55-85 us at every m <= 1,024 for a 4096 x 4096 layer on the H100
-            # (bf16: 15-43 us): the per-token activation quantisation and block-scale path, not the tensor cores,
-            # set them there. The block-FP8 checkpoints' serving runs (Qwen3-235B-FP8 on H100 / H200) decode
-            # faster than even the bf16 composition, so the bf16 GEMM bounds them, as bf16 bounds FP8 experts.
-            t = np.minimum(t, self._gemm_grid("bfloat16")(m, n, k, scale_axes=(0, 1, 2)))
-        return t
+        # fp8_block GEMMs are not imported (importers.aiconfigurator: slower than bf16 at decode sizes), so block-FP8
+        # checkpoints take the bf16 GEMM (_gemm_grid's fallback).
+        return self._gemm_grid(dtype)(m, n, k, scale_axes=(0, 1, 2))
 
     # --- attention ----------------------------------------------------------------------------------------------
     def _heads_match(self, df: pl.DataFrame, heads: int, kv_heads: int, head_dim: int) -> tuple[pl.DataFrame, float]:
@@ -320,8 +315,8 @@ _TABLES = {
 }
 
 
-# Block-FP8 GEMMs and experts (the importer keeps them out of probes*.parquet): block-quantised checkpoints run them.
-BLOCK_FP8_FILES = {"gemm": "fp8_block_gemm.parquet", "moe": "fp8_block_moe.parquet"}
+# Block-FP8 experts (the importer keeps them out of probes*.parquet): block-quantised checkpoints run them.
+BLOCK_FP8_FILES = {"moe": "fp8_block_moe.parquet"}
 
 
 @functools.cache
