@@ -214,8 +214,8 @@ class SiliconKernels:
         # than its measured TPOT on the H200).
         if (shapes["dtype"] == dtype).any():
             shapes = shapes.filter(pl.col("dtype") == dtype)
-        # The measured MoE shape nearest the query (same format preferred: fp8 and fp8_block are near), scaled by
-        # the work ratio (tokens x topk x hidden x inter per rank).
+        # The measured MoE shape nearest the query (where its format has no rows: another FP8 format before bf16),
+        # scaled by the work ratio (tokens x topk x hidden x inter per rank).
         work = (shapes["hidden"] * shapes["inter"] * shapes["topk"]).to_numpy().astype(float)
         fam = np.array([str(x).startswith("fp8") for x in shapes["dtype"].to_list()])
         same = (shapes["dtype"] == dtype).to_numpy()
@@ -330,7 +330,8 @@ def load_tables(root: Path | str | None = None) -> dict[str, pl.DataFrame]:
         if not f.is_file():
             continue
         frames = []
-        for path in (f, base / BLOCK_FP8_FILES.get(fam, "")):
+        extra = [base / BLOCK_FP8_FILES[fam]] if fam in BLOCK_FP8_FILES else []
+        for path in (f, *extra):
             if path.is_file():
                 d = pl.read_parquet(path, columns=["hardware", "outcome", "time_s", *cols])
                 frames.append(d.filter(pl.col("outcome") == "ok").select(
