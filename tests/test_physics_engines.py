@@ -167,10 +167,12 @@ def test_rank_explains_llama8b_dpo_on_8_h100_by_engine_terms(framework):
     assert r.fitting.height >= 2
     text = explain(r)
     for term in ("exposed ZeRO-3/FSDP gather", "ZeRO-3 hook overhead", "exposed grad reduce-scatter",
-                 "recompute", "reference forward"):
+                 "recompute", "reference forward", "transformers eager ops"):
         assert term in text, text
     top = r.fitting.row(0, named=True)
     assert top["e_reference_fwd_s"] > 0.0  # DPO's reference forward is named, whoever holds it
+    # TRL runs transformers' eager layers; torchtitan / NeMo-RL plans are not charged them.
+    assert (top["e_hf_eager_s"] > 0.0) == (framework == "trl")
 
 
 def test_fsdp2_emits_its_trainers_config():
@@ -190,3 +192,73 @@ def test_fsdp2_emits_its_trainers_config():
     meg = emit("megatron", model=LLAMA8, cluster=cluster, workload=Workload(objective="dpo", global_batch=64),
                plan=Plan(framework="megatron", tp=2, dp=4, zero=1, micro_batch=2, grad_accum=8))
     assert "++model.dpo.preference_loss=dpo" in meg["nemo_aligner_overrides.txt"]
+
+
+# FSDP under TRL/accelerate on GPUs (issue 19 item 3, second pass): the physics the FSDP terms keep.
+FSDP_FRAMEWORKS = ["fsdp", "trl+fsdp", "fsdp2"]
+
+
+@pytest.mark.parametrize("framework", FSDP_FRAMEWORKS)
+def test_fsdp_more_inter_node_bandwidth_is_never_slower(framework):
+    flat = _frame(framework, 32, (1, 2))
+    steps = [predict_frame(flat.with_columns(c_inter_bw_gb_per_s=c("c_inter_bw_gb_per_s") * k))["step_time_s"]
+             .to_numpy() for k in (0.125, 0.5, 1.0, 4.0)]
+    for slow, fast in zip(steps, steps[1:]):
+        assert np.all(fast <= slow + 1e-12), steps
+
+
+@pytest.mark.parametrize("framework", FSDP_FRAMEWORKS)
+def test_fsdp_larger_micro_batch_hides_more_of_the_gather_across_nodes(framework):
+    """Same global batch on 4 nodes at a quarter of the inter-node link (gathers exposed): fewer, larger
+    micro-batches gather the model fewer times, so less of the gather is exposed."""
+    flat = _frame(framework, 32, (1, 2, 4))
+    df = predict_frame(flat.with_columns(c_inter_bw_gb_per_s=c("c_inter_bw_gb_per_s") / 4.0))
+    gather = df["e_zero3_gather_s"].to_numpy()
+    assert gather[0] > gather[1] > gather[2] >= 0.0, gather
+
+
+@pytest.mark.parametrize("framework", FSDP_FRAMEWORKS)
+def test_fsdp_live_reference_costs_time(framework):
+    """A live reference (TRL's prepare_fsdp shards it, so its forward gathers again) costs time over a precomputed
+    one, also across nodes."""
+    flat = _frame(framework, 32, (1,))
+    live = predict_frame(flat.with_columns(w_reference=pl.lit("live")))
+    pre = predict_frame(flat.with_columns(w_reference=pl.lit("precomputed")))
+    assert live["step_time_s"][0] > pre["step_time_s"][0]
+    assert live["e_reference_fwd_s"][0] > 0.0 == pre["e_reference_fwd_s"][0]
+
+
+def test_transformers_eager_ops_are_charged_on_gpu_to_the_frameworks_that_run_them():
+    """TRL/accelerate plans run transformers' eager layers (fp32 RMSNorm chain, rotary, repeat_kv: core.frameworks
+    HF_EAGER_LAYER); Megatron and torchtitan do not. The term grows with the tokens and with recompute."""
+    cluster, w = Cluster(H100, 8, 1), Workload(objective="dpo", seq_len=2048, global_batch=64)
+    rows = [Plan(framework=fw, dp=8, zero=3, micro_batch=mb, grad_accum=8 // mb, recompute=rc)
+            for fw in ("fsdp", "deepspeed", "trl+fsdp") for mb, rc in ((1, "none"), (2, "none"), (1, "full"))]
+    df = predict_frame(plans_frame(LLAMA8, cluster, w, rows))
+    e = df["e_hf_eager_s"].to_numpy().reshape(3, 3)
+    assert np.all(e > 0.0)
+    assert np.allclose(e[:, 0], e[:, 1], rtol=0.05)  # same tokens per step, same eager bytes
+    assert np.all(e[:, 2] > e[:, 0])  # full recompute runs the eager forward again
+    meg = predict_frame(plans_frame(LLAMA8, cluster, Workload(objective="pretrain", global_batch=64),
+                                    [Plan(framework="megatron", tp=2, dp=4, zero=1, micro_batch=1, grad_accum=16),
+                                     Plan(framework="fsdp2", tp=2, dp=4, zero=3, micro_batch=1, grad_accum=16)]))
+    assert np.all(meg["e_hf_eager_s"].to_numpy() == 0.0)
+
+
+def test_fsdp_under_the_hf_trainer_keeps_unsharded_grads_and_reduces_once():
+    """transformers' Trainer runs all but the last micro-batch in accelerate's no_sync; FSDP2 then keeps every
+    block's unsharded gradient (compute dtype) until the step's single reduce-scatter. DeepSpeed (which the Trainer
+    leaves out of no_sync) and torchtitan's FSDP2 reduce every micro-batch and hold no such gradients."""
+    cluster, w = Cluster(H100, 8, 1), Workload(objective="dpo", seq_len=2048, global_batch=64)
+    rows = [Plan(framework=fw, dp=8, zero=3, micro_batch=1, grad_accum=ga)
+            for fw in ("fsdp", "trl+fsdp", "deepspeed", "fsdp2") for ga in (1, 8)]
+    d = describe(plans_frame(LLAMA8, cluster, w, rows))
+    syncs = d["d_dp_syncs"].to_numpy().reshape(4, 2)
+    gathered = d["d_gathered_bytes"].to_numpy().reshape(4, 2)
+    params = d["d_params_rank"].to_numpy().reshape(4, 2)
+    for i in (0, 1):  # fsdp, trl+fsdp: one sync per step, + the bf16 unsharded model's gradients with ga > 1
+        assert syncs[i].tolist() == [1.0, 1.0]
+        assert gathered[i, 1] - gathered[i, 0] == pytest.approx(2.0 * params[i, 1])
+    for i in (2, 3):  # deepspeed, fsdp2 (torchtitan/NeMo-RL): every micro-batch, nothing more held
+        assert syncs[i].tolist() == [1.0, 8.0]
+        assert gathered[i, 1] == pytest.approx(gathered[i, 0])

@@ -171,6 +171,10 @@ class Capability:
     emit_writes: str = ""  # what its own `--emit` target writes (messages)
     notes: tuple[str, ...] = field(default=())
     selective: SelectiveRecompute = CORE_ATTENTION  # what `recompute selective` recomputes
+    # Steps run in transformers' Trainer loop (TRL's trainers subclass it) on transformers' eager model code: the
+    # loop's no_sync over all but the last micro-batch (Runtime.no_sync_keeps_unsharded_grads) and, on a GPU, the
+    # eager layer ops of HF_EAGER_LAYER (models.compose).
+    hf_trainer: bool = False
     trainers: tuple[Trainer, ...] = ()  # () = every objective, as the workload asks (TRL's trainers)
 
     def trainer_for(self, objective: str) -> Trainer | None:
@@ -197,7 +201,34 @@ class Capability:
 
 _FSDP_ZERO = "FSDP shards gradients and optimizer state at least: zero must be 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD)"
 _DS_OFFLOAD = "DeepSpeed optimizer offload needs ZeRO stage 1 or more"
-_HF = dict(tp=False, pp=False, cp=False, ep=False, recompute=("none", "full"))
+_HF = dict(tp=False, pp=False, cp=False, ep=False, recompute=("none", "full"), hf_trainer=True)
+
+
+@dataclass(frozen=True)
+class EagerLayerTraffic:
+    """What transformers' eager decoder layer moves through memory per forward, beyond the fused kernels the
+    composition times (an RMSNorm reading and writing its tensor once, a fused SwiGLU, the residual adds), in 16-bit
+    element moves (reads + writes; an fp32 element counts 2). Read from transformers 5.24.0 (installed):
+    - models/llama/modeling_llama.py:62-67 LlamaRMSNorm: `.to(float32)` (1 read, 2 written), `pow(2)` (2, 2),
+      `.mean(-1)` (2), `* rsqrt(...)` (2, 2), `.to(input_dtype)` (2, 1), `weight *` (1, 1): 18 per element against
+      the fused 2, two norms per layer on [T, h];
+    - :119-123, 147-148 rotary: `q * cos` (1, 1), `-x2` (half: 0.5, 0.5), `torch.cat` (1, 1), `* sin` (1, 1), `+`
+      (2, 1): 10 per element of q [T, a*hd] and k [T, kv*hd];
+    - integrations/sdpa_attention.py:42-51, 126-127: with an attention mask (TRL pads chosen and rejected) CUDA SDPA
+      runs without GQA, so `repeat_kv` copies K and V out to every head (a*hd written and kv*hd read per token,
+      each), and :194-195 `transpose(1, 2).contiguous()` copies the attention output [T, a*hd] (1, 1);
+    - :164 LlamaMLP `act_fn(gate_proj(x)) * up_proj(x)`: SiLU (1, 1) and the product (2, 1), 5 per element of
+      [T, ffn] against the fused SwiGLU's 3.
+    The backward moves about twice the forward's bytes, as for the other elementwise ops (models.compose)."""
+
+    norm_extra: float = 2.0 * (18.0 - 2.0)  # per hidden element: both norms, beyond the fused ones
+    rotary: float = 10.0  # per element of q and of k
+    repeat_kv: float = 1.0  # per element of K and of V after repeating (written), plus their read at kv/a
+    attn_out_copy: float = 2.0  # per element of the attention output
+    mlp_extra: float = 5.0 - 3.0  # per element of the MLP's intermediate, beyond the fused SwiGLU
+
+
+HF_EAGER_LAYER = EagerLayerTraffic()
 _MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit="Megatron-LM arguments",
                        config="megatron-lm")
 # NeMo-Aligner's Megatron DPO trainer: preference_loss dpo / ipo / rpo_*, distributed_fused_adam (ZeRO-1-like), the
@@ -320,6 +351,14 @@ class Runtime:
     # keeps the sharded parameters on the host too; DeepSpeed pins a 16-bit staging copy of the shard beside it.
     offload_moves_params: bool = False
     offload_16bit_host_buffer: bool = False
+    # Under transformers' Trainer (Capability.hf_trainer) every micro-batch but the last runs in accelerate's no_sync
+    # (transformers trainer.py:1904-1916, all runtimes but DeepSpeed). accelerate's FSDP2 no_sync is
+    # `set_requires_gradient_sync(False)` (accelerator.py:1165-1170), after which FSDP2's post_backward reshards the
+    # parameters but keeps each block's unsharded gradient (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+    # post_backward :607-612; _fsdp_param.py:802-813 to_accumulated_grad_if_needed leaves it as is when it is
+    # already in reduce_dtype, the compute dtype under accelerate's policy, utils/dataclasses.py:2120): the whole
+    # model's unsharded gradients stay alive until the last micro-batch's reduce-scatter, the step's only one.
+    no_sync_keeps_unsharded_grads: bool = False
 
     def __post_init__(self) -> None:
         for f in ("master_clone_from_zero", "reduce_every_microbatch_from_zero", "reference_sharded_from_zero"):
@@ -337,7 +376,8 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
     Runtime("fsdp", weights_fp32=True, grads_fp32=True, separate_master=False, reduce_every_microbatch_from_zero=2,
             zero2_keeps_unsharded=True, ddp_buckets_at_zero0=True, reference_sharded_from_zero=0,
             frees_grads_each_step=True, accelerate_activation_checkpointing=True,
-            accelerate_config_file="accelerate_fsdp.yaml", offload_moves_params=True),
+            accelerate_config_file="accelerate_fsdp.yaml", offload_moves_params=True,
+            no_sync_keeps_unsharded_grads=True),
     Runtime("ddp", params_as_loaded=True, separate_master=False, ddp_buckets_at_zero0=True, frees_grads_each_step=True),
 ]}
 

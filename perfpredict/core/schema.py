@@ -175,7 +175,8 @@ DESCRIPTOR_COLUMNS = (
 STEP_TIME_PARTS = ("b_compute_s", "b_tp_comm_s", "b_dp_comm_s", "b_pp_comm_s", "b_bubble_s", "b_optimizer_s",
                    "b_stall_s")
 # Engine terms inside the step-time parts (models.compose), for --explain: they overlap the parts, not add to them.
-ENGINE_PARTS = ("e_zero3_gather_s", "e_zero3_hooks_s", "e_grad_reduce_s", "e_recompute_s", "e_reference_fwd_s")
+ENGINE_PARTS = ("e_zero3_gather_s", "e_zero3_hooks_s", "e_grad_reduce_s", "e_recompute_s", "e_reference_fwd_s",
+                "e_hf_eager_s")
 MEMORY_PARTS = ("mem_states_gib", "mem_activations_gib", "mem_logits_gib", "mem_reference_gib", "mem_other_gib")
 
 # The OOM verdict of a plan (models.oom.verdict) and the memory outside the allocator it allows for

@@ -45,6 +45,20 @@ def selective_share(field: str) -> pl.Expr:
                                            default=getattr(CORE_ATTENTION, field), return_dtype=pl.Float64)
 
 
+def hf_trainer() -> pl.Expr:
+    """Rows whose framework trains in transformers' Trainer loop on transformers' model code
+    (core.frameworks Capability.hf_trainer)."""
+    from perfpredict.core.frameworks import CAPABILITIES
+
+    return c("p_framework").is_in([n for n, cap in CAPABILITIES.items() if cap.hf_trainer])
+
+
+def no_sync_unsharded_grads() -> pl.Expr:
+    """Rows that accumulate unsharded gradients over the step's micro-batches and reduce once, in the last
+    (Runtime.no_sync_keeps_unsharded_grads under transformers' Trainer: accelerate's FSDP)."""
+    return hf_trainer() & runtime_is(lambda r: r.no_sync_keeps_unsharded_grads) & (c("p_grad_accum") > 1)
+
+
 def _swap_copies() -> pl.Expr:
     """Per row, the weight copies its trainer makes to swap the reference in (core.frameworks
     reference_swap_copies), 0 where none does."""
@@ -127,8 +141,9 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     ring_d = (d - 1.0) / d
     params = c("d_params_rank")
     # Gradient sync: all-reduce (zero 0) = reduce-scatter + all-gather of updated params (zero 1/2); DeepSpeed
-    # ZeRO-2/3 and FSDP reduce every micro-batch, Megatron/nanotron once per step.
-    per_mb_sync = runtime_from_zero("reduce_every_microbatch_from_zero")
+    # ZeRO-2/3 and FSDP reduce every micro-batch, Megatron/nanotron once per step; FSDP under transformers'
+    # Trainer once per step too (its no_sync, core.frameworks Runtime.no_sync_keeps_unsharded_grads).
+    per_mb_sync = runtime_from_zero("reduce_every_microbatch_from_zero") & ~no_sync_unsharded_grads()
     syncs = pl.when(per_mb_sync).then(m).otherwise(1.0)
     grad_sync = params * grad_b * ring_d * pl.when(c("p_zero") == 0).then(2.0).otherwise(1.0) * syncs
     param_gather = pl.when(c("p_zero").is_in([1, 2])).then(params * 2.0 * ring_d).otherwise(0.0)

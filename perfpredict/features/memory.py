@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from perfpredict.features.compute import params_on_host, runtime_from_zero, runtime_is
+from perfpredict.features.compute import no_sync_unsharded_grads, params_on_host, runtime_from_zero, runtime_is
 
 c = pl.col
 
@@ -223,12 +223,17 @@ def reference_model(df: pl.DataFrame) -> pl.DataFrame:
 
 def fsdp_gathered(df: pl.DataFrame) -> pl.DataFrame:
     """Unsharded bf16 parameters alive at once: ZeRO-3/FSDP gather a layer (and prefetch the next); FSDP's
-    SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward."""
+    SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward. Under transformers'
+    Trainer with gradient accumulation, FSDP also keeps every block's unsharded gradient, in the compute dtype, from
+    the first micro-batch's backward to the last one's reduce-scatter (core.frameworks
+    Runtime.no_sync_keeps_unsharded_grads)."""
     layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
     emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") * 2.0 / _tp()
     gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
-    return df.with_columns(d_gathered_bytes=gathered)
+    grad_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
+    unsharded_grads = pl.when(no_sync_unsharded_grads()).then(c("d_params_rank") * grad_b).otherwise(0.0)
+    return df.with_columns(d_gathered_bytes=gathered + unsharded_grads)
 
 
 def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:

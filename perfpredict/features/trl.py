@@ -52,7 +52,7 @@ from perfpredict.core.errors import require
 from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE, TRL_FRAMEWORKS
 from perfpredict.core.objectives import OBJECTIVE_TABLE
 from perfpredict.core.objectives import TRL_OBJECTIVES as CORE_TRL_OBJECTIVES
-from perfpredict.features.compute import on_cpu, runtime_from_zero, runtime_is
+from perfpredict.features.compute import no_sync_unsharded_grads, on_cpu, runtime_from_zero, runtime_is
 
 c = pl.col
 
@@ -248,6 +248,8 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
                 .when(ds_alone).then(0.0)
                 .when(ds_kept).then(pl.min_horizontal(c("d_params_rank"), pl.lit(DS_REUSE_KEPT)) * w_b)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
+    # FSDP's unsharded gradients kept over the Trainer's no_sync micro-batches (features.memory.fsdp_gathered).
+    gathered = gathered + pl.when(no_sync_unsharded_grads()).then(c("d_params_rank") * w_b).otherwise(0.0)
     # Gradients: the HF Trainer frees them after every optimizer step (optimizer.zero_grad(), set_to_none), so with
     # one micro-batch per step they are allocated during the backward as the activations are freed: the peak holds
     # max(gradients, activations + the head's backward) on top of weights and optimizer state, not both. DeepSpeed

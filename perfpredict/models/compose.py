@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, RUNTIMES
-from perfpredict.features.compute import forward_passes, on_cpu, runtime_is, selective_share
+from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, HF_EAGER_LAYER, RUNTIMES
+from perfpredict.features.compute import forward_passes, hf_trainer, on_cpu, runtime_is, selective_share
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.models.hardware_frame import hardware_table
@@ -92,6 +92,20 @@ def _zero3_chunks() -> pl.Expr:
         pl.min_horizontal(per_bucket, _matrices_per_layer()).round(0)).otherwise(1.0)
 
 
+def _hf_eager_units() -> tuple[pl.Expr, pl.Expr]:
+    """16-bit element moves per token and forward of transformers' eager layer beyond the fused kernels timed here
+    (core.frameworks HF_EAGER_LAYER), in units of the hidden size and of the MLP width: on GPU rows of frameworks
+    that run transformers' model code (Capability.hf_trainer), 0 elsewhere. On a CPU host the TRL calibration
+    (calibration.TrlCalibration, membound_scale) already measures that code."""
+    e = HF_EAGER_LAYER
+    h = c("m_hidden").cast(pl.Float64)
+    q, k = (c("m_heads") * c("m_head_dim")).cast(pl.Float64) / h, (c("m_kv_heads") * c("m_head_dim")).cast(pl.Float64) / h
+    gqa = (c("m_kv_heads") < c("m_heads")).cast(pl.Float64)
+    per_h = e.norm_extra + e.rotary * (q + k) + gqa * e.repeat_kv * 2.0 * (q + k) + e.attn_out_copy * q
+    on = (hf_trainer() & ~on_cpu()).cast(pl.Float64)
+    return on * per_h, on * e.mlp_extra
+
+
 def _i(e: pl.Expr) -> pl.Expr:
     return e.round(0).cast(pl.Int64).clip(lower_bound=1)
 
@@ -117,6 +131,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         attn_fwd_extra=forward_passes() - 1.0 + sel * selective_share("attention_fwd"), ref=ref,
         rc_full=full, rc_attn=sel * selective_share("attention_fwd"),
         z3_chunks=_zero3_chunks(),
+        eager_h=_hf_eager_units()[0], eager_f=_hf_eager_units()[1],
         # DeepSpeed reduces gradients in buckets of reduce_bucket_size elements (transformers' auto: hidden^2).
         rs_chunks=pl.when(runtime_is(lambda r: r.zero3_prefetch_buckets)).then(
             (c("d_params_rank") / (DS_REDUCE_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2)).clip(1.0, None)
@@ -209,6 +224,13 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
                  rc=2.0 * per * rc, rf=2.0 * per * rf),
         b.select("row", "hardware", "dtype", op=pl.lit("cross_entropy"), numel=_i(c("T") * c("V") / c("t")),
                  count=c("mbs") * c("head_ce")),
+        # transformers' eager layer ops on a GPU (_hf_eager_units), timed as 'add' kernels (3 moves per element)
+        # moving the same bytes: the fp32 RMSNorm chain, rotary, repeat_kv and copies on [T, h], SiLU and product
+        # on the MLP's [T, ffn].
+        *[b.filter(c(u) > 0).select("row", "hardware", "dtype", op=pl.lit("add"), numel=_i(n),
+                                    count=per * passes * c(u) / 3.0, rc=per * rc * c(u) / 3.0,
+                                    rf=per * rf * c(u) / 3.0, eg=per * passes * c(u) / 3.0)
+          for u, n in (("eager_h", c("T_sp") * c("h")), ("eager_f", c("T") * c("topk") * c("f") / c("t")))],
         # TRL's fused head on CPU (features.trl.head_passes): its torch fold, in cross-entropy fwd+bwd units,
         # scaled by the fitted calibration (calibration.TrlCalibration).
         b.filter(c("head_fold") > 0).select("row", "hardware", "dtype", op=pl.lit("cross_entropy"),
@@ -284,7 +306,7 @@ def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
 # Those functions get only these columns, so one that reads another fails at once (add it here), never silently.
 COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv", "hd", "h", "f", "gate", "t",
                   "experts", "topk", "seqs", "s", "cp", "fwd_mult", "attn_fwd_extra", "head_ce", "head_fold",
-                  "head_fwd", "ref", "rc_attn", "rc_full", "sel_elem", "sel_gemm")
+                  "head_fwd", "ref", "rc_attn", "rc_full", "sel_elem", "sel_gemm", "eager_h", "eager_f")
 
 
 def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -432,7 +454,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict(groups.drop("_q")),
                                                       groups["_q"].list.len().to_numpy())
     q = q.with_columns(kt=pl.Series(kt))
-    for k in ("rc", "rf"):
+    for k in ("rc", "rf", "eg"):
         q = q.with_columns(c(k).fill_null(0.0)) if k in q.columns else q.with_columns(pl.lit(0.0).alias(k))
     timed = c("part") == "compute"
     work = c("kt") * c("count")
@@ -442,10 +464,14 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     ).otherwise(0.0) * work
     sums = q.group_by("row").agg(
         *[work.filter(c("part") == p).sum().alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")],
-        k_bwd_s=bwd.sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum(),
+        k_bwd_s=bwd.sum(),
+        # Kernel launches: the eager-op queries are byte equivalents, not kernel counts; their launches stay in
+        # UNTIMED_FWD/BWD_PER_LAYER (the launch floor is fitted on those counts).
+        n_timed=pl.when(timed).then(c("count") - c("eg")).otherwise(0.0).sum(),
         # Of the compute: recompute's forward work and the live reference's forward (engine terms for --explain).
         k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0).sum(),
         k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0).sum(),
+        k_hf_eager_s=pl.when(timed).then(c("kt") * c("eg")).otherwise(0.0).sum(),
         **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0).sum() for f in TRL_FAMILIES})
     sums = (pl.DataFrame({"row": np.arange(n + tasks.height, dtype=np.uint32)}).join(sums, on="row", how="left")
             .drop("row").fill_null(0.0))

@@ -99,6 +99,9 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         e_grad_reduce_s=pl.Series(_col(df, "k_dp_s") * ratio),
         e_recompute_s=pl.Series(_col(df, "k_recompute_s") * ratio),
         e_reference_fwd_s=pl.Series(_col(df, "k_reference_s") * ratio),
+        # transformers' eager layer ops on a GPU (fp32 RMSNorm chain, rotary, repeat_kv, copies; core.frameworks
+        # HF_EAGER_LAYER), of the compute.
+        e_hf_eager_s=pl.Series(_col(df, "k_hf_eager_s") * ratio),
         b_stall_s=pl.Series(t - free),
         # The peak rank's parts, scaled like its total: they add up to peak_memory_gib.
         mem_states_gib=pl.Series(df["d_peak_states_gib"].to_numpy() * mratio),
@@ -117,7 +120,8 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
 # The engine terms --explain names (label -> column, core.schema ENGINE_PARTS), in models.compose's words.
 ENGINE_TERMS = {"exposed ZeRO-3/FSDP gather": "e_zero3_gather_s", "ZeRO-3 hook overhead": "e_zero3_hooks_s",
                 "exposed grad reduce-scatter/all-reduce": "e_grad_reduce_s", "recompute (of compute)": "e_recompute_s",
-                "reference forward (of compute)": "e_reference_fwd_s"}
+                "reference forward (of compute)": "e_reference_fwd_s",
+                "transformers eager ops (of compute)": "e_hf_eager_s"}
 assert tuple(ENGINE_TERMS.values()) == ENGINE_PARTS
 
 

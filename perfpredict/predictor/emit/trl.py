@@ -94,6 +94,11 @@ def trainer_notes(ctx: Ctx) -> list[str]:
     if runtime_of(ctx.plan.framework).accelerate_activation_checkpointing and ctx.plan.recompute == "full":
         notes.append("recompute full is fsdp_activation_checkpointing in the accelerate config; gradient_checkpointing "
                      "stays false (transformers refuses both at once).")
+    if runtime_of(ctx.plan.framework).no_sync_keeps_unsharded_grads and ctx.plan.grad_accum > 1:
+        notes.append("gradient accumulation: the Trainer runs all but the last micro-batch in no_sync, so FSDP keeps "
+                     "the whole model's unsharded gradients until the step's one reduce-scatter (the predicted peak "
+                     "counts them); accelerator_config {\"gradient_accumulation_kwargs\": {\"sync_each_batch\": true}} "
+                     "reduce-scatters every micro-batch instead (less memory, more communication than predicted).")
     return notes
 
 
