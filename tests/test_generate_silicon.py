@@ -186,6 +186,41 @@ def test_evaluate_silicon_cli_reports_held_out_errors_and_layout_choice(tmp_path
     assert r.exit_code != 0 and "add --silicon" in r.output and "Traceback" not in r.output
 
 
+def test_evaluate_phase_generate_runs_the_generation_checks_with_their_baselines(tmp_path, monkeypatch):
+    # The done-when: the figures come from `perfpredict evaluate --phase generate`. The silicon check runs
+    # for real; the CPU-learned model's evaluation (30 s, covered by test_generate_vllm) is stood in for.
+    import perfpredict.cli.generate as gen_cli
+
+    seen = {}
+
+    def cpu(*, data, seed, say):
+        seen["seed"] = seed
+        say("CPU stand-in")
+        return {"splits": []}, None
+
+    monkeypatch.setattr(gen_cli, "cpu_evaluation", cpu)
+    out, md = tmp_path / "e.json", tmp_path / "e.md"
+    r = runner.invoke(app, ["evaluate", "--phase", "generate", "--seed", "3", "--json", str(out), "--markdown",
+                            str(md)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert set(res) == {"silicon", "cpu_vllm"} and seen["seed"] == 3
+    sil = res["silicon"]
+    assert {s["split"] for s in sil["splits"]} == {"model", "gpu", "backend"}
+    assert sil["composition"]["dense"]["throughput_mape"] < sil["composition"]["dense"]["roofline_throughput_mape"]
+    assert "| rule: smallest TP that fits |" in md.read_text()
+    # docs/generate-accuracy.md: 12 of the 21 vLLM 0.12 Llama-3.1-8B-FP8 runs (and 2 SGLang 8B runs) live shorter
+    # than the composed prefill of their prompts alone; without the 14, dense throughput 14.6 % (15.2 % on all).
+    pb = sil["prefill_bound"]
+    assert pb["rows"] == 14 and pb["by_model"][0].endswith("vllm 0.12.0: 12")
+    assert pb["composition_without"]["dense"]["throughput_mape"] < sil["composition"]["dense"]["throughput_mape"]
+    for args, says in ((["--phase", "gen"], "accepted: train, generate"),
+                       (["--phase", "generate", "--split", "model"], "--split: options of --phase train"),
+                       (["--markdown", "-"], "add --phase generate")):
+        r = runner.invoke(app, ["evaluate", *args])
+        assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+
+
 def test_learned_correction_is_used_only_where_it_helps_held_out():
     from perfpredict.train.generate_silicon import evaluate_silicon
 

@@ -201,37 +201,67 @@ def generate_evaluate_cmd(
                                                       "stdout with -")] = None,
 ) -> None:
     """Held-out accuracy of the generation model on measured vLLM runs (and refit it with --save); with --silicon,
-    of the GPU composition on vLLM / SGLang / TensorRT-LLM serving runs, held out by model, GPU and backend."""
-    from perfpredict.train.generate import evaluate, vidur_root
+    of the GPU composition on vLLM / SGLang / TensorRT-LLM serving runs, held out by model, GPU and backend.
+    `perfpredict evaluate --phase generate` runs both."""
+    from perfpredict.core.errors import PerfPredictError
 
     check_outputs(json_out=json_out)
-    say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
     if markdown and not silicon:
-        from perfpredict.core.errors import PerfPredictError
-
         raise PerfPredictError("--markdown writes the silicon check's tables: add --silicon")
     if silicon:
-        from perfpredict.core.errors import PerfPredictError
-        from perfpredict.train.generate_silicon import evaluate_silicon, silicon_markdown
-
         if save:
             raise PerfPredictError("--save refits the CPU-learned model; the silicon composition has nothing to save")
-        if markdown and str(markdown) == "-" and json_out and str(json_out) == "-":
-            raise PerfPredictError("--json - and --markdown - both write to stdout: give one of them a file name")
-        if markdown and str(markdown) != "-":
-            from perfpredict.core.paths import writable_file
-
-            writable_file("--markdown", markdown)
-        res = evaluate_silicon(data)
-        if markdown and str(markdown) == "-":
-            say = lambda *a, **k: None  # noqa: E731 - stdout carries the markdown
-        for line in silicon_report(res):
-            say(line)
+        check_markdown(json_out=json_out, markdown=markdown)
+        res = silicon_evaluation(data=data, say=quiet_or_print(json_out=json_out, markdown=markdown))
         if json_out:
             write_text(json_out, json.dumps(res, indent=1, default=str))
         if markdown:
+            from perfpredict.train.generate_silicon import silicon_markdown
+
             write_text(markdown, silicon_markdown(res))
         return
+    say = quiet_or_print(json_out=json_out)
+    res, model = cpu_evaluation(data=data, seed=seed, say=say)
+    if json_out:
+        write_text(json_out, json.dumps(res, indent=1, default=str))
+    if save:
+        say(f"saved the model trained on all rows to {model.save()}")
+
+
+def check_markdown(*, json_out: str | None, markdown: str | None) -> None:
+    """`--markdown FILE|-` is checked before the work starts; stdout carries one of --json and --markdown."""
+    from perfpredict.core.errors import PerfPredictError
+
+    if markdown and str(markdown) == "-" and json_out and str(json_out) == "-":
+        raise PerfPredictError("--json - and --markdown - both write to stdout: give one of them a file name")
+    if markdown and str(markdown) != "-":
+        from perfpredict.core.paths import writable_file
+
+        writable_file("--markdown", markdown)
+
+
+def quiet_or_print(*, json_out: str | None, markdown: str | None = None):
+    """The tables go to stdout unless stdout carries the JSON or the markdown."""
+    if machine_readable(json_out) or (markdown and str(markdown) == "-"):
+        return lambda *a, **k: None
+    return console.print
+
+
+def silicon_evaluation(*, data: Path, say) -> dict:
+    """The silicon end-to-end check (train.generate_silicon.evaluate_silicon) with its baselines, its tables said."""
+    from perfpredict.train.generate_silicon import evaluate_silicon
+
+    res = evaluate_silicon(data)
+    for line in silicon_report(res):
+        say(line)
+    return res
+
+
+def cpu_evaluation(*, data: Path, seed: int, say) -> tuple[dict, object]:
+    """The CPU-learned generation model on held-out measured vLLM runs (train.generate.evaluate) beside the rule of
+    thumb, its tables said; returns the result (JSON-ready) and the model fitted on all rows."""
+    from perfpredict.train.generate import evaluate, vidur_root
+
     res = evaluate(data, seed=seed)
     model = res.pop("model")
     say(f"{res['rows']:,} measured vLLM rows ({res['ok_rows']:,} ok) -> {res['configs']:,} configurations "
@@ -269,11 +299,7 @@ def generate_evaluate_cmd(
         for r in res["vidur_decode_layer"]:
             t.add_row(r["gpu"], f"{r['n']:,}", f"{r['median']:.3f}", pct(r["mape"]), pct(r["p90"]))
         say(t)
-    if json_out:
-        write_text(json_out, json.dumps(res, indent=1, default=str))
-    if save:
-        say(f"saved the model trained on all rows to {model.save()}")
-
+    return res, model
 
 
 def silicon_report(res: dict) -> list:
@@ -305,6 +331,12 @@ def silicon_report(res: dict) -> list:
     lt.add_row("rule: smallest TP that fits", pct(lay["rule_within_5pct"], 0), pct(lay["rule_mean_regret"]))
     lt.add_row("roofline", pct(lay["roof_within_5pct"], 0), pct(lay["roof_mean_regret"]))
     out.append(lt)
+    pb = res.get("prefill_bound")
+    if pb and pb["rows"]:
+        w = pb["composition_without"]
+        out.append(f"{pb['rows']} runs live shorter than the composed prefill of their prompts alone (a closed loop of "
+                   f"fresh prompts cannot; {'; '.join(pb['by_model'])}): without them tok/s per GPU "
+                   f"{pct(w['dense']['throughput_mape'])} dense, {pct(w['moe']['throughput_mape'])} MoE")
     used = res["correction_used"]
     for q, what in (("tpot", "TPOT / throughput (a scale per backend x dense/MoE)"),
                     ("ttft", "TTFT (grouped returns + opening burst + a fixed front-end time, pooled over backends)")):

@@ -100,14 +100,34 @@ def evaluate_cmd(
     refit: Annotated[bool, typer.Option("--refit", help="with --held-out-source: fit a predictor on every other "
                                                          "source first (minutes) instead of the shipped one")] = False,
     json_out: JsonOpt = None,
+    phase: Annotated[str, typer.Option(help="train: the training predictor (the options above); generate: vLLM "
+                                            "generation, the GPU composition on the silicon serving runs and the "
+                                            "CPU-learned model on held-out vLLM runs, each beside its baselines")]
+    = "train",
+    markdown: Annotated[str | None, typer.Option("--markdown", metavar="<str>",
+                                                 help="with --phase generate: the silicon check's tables as "
+                                                      "markdown to FILE, or to stdout with -")] = None,
 ) -> None:
     """Held-out accuracy on extrapolating splits: leave one model / width / hardware out, scale-out, one TRL shape
-    or one host's TRL runs out (trl-host), and the untouched test partition (each source's largest model). The generation model: `perfpredict generate evaluate`.
+    or one host's TRL runs out (trl-host), and the untouched test partition (each source's largest model). With
+    --phase generate: the generation phase (`generate evaluate --silicon` and `generate evaluate` together).
 
     Step-time MAPE, median and p90 APE beside the composition-only and analytic baselines, 90%-interval coverage,
     mean applicability of the correction, peak-memory errors, false-OOM rate, ranking Spearman and top-1 regret."""
     from perfpredict.train.evaluate import check_selection, evaluate, metrics_records, plot_predicted_vs_measured
 
+    if phase not in PHASES:
+        raise PerfPredictError(f"--phase {phase!r}: not a phase; accepted: {', '.join(PHASES)}")
+    if phase == "generate":
+        train_only = {"--split": split, "--variant": variant, "--subset": subset, "--source": source, "--plot": plot,
+                      "--held-out-source": held_out_source, "--refit": refit}
+        given = [k for k, v in train_only.items() if v]
+        if given:
+            raise PerfPredictError(f"{', '.join(given)}: options of --phase train; --phase generate takes --data, "
+                                   "--seed, --json and --markdown")
+        return _evaluate_generate(data=data, seed=seed, json_out=json_out, markdown=markdown)
+    if markdown:
+        raise PerfPredictError("--markdown writes the generation check's tables: add --phase generate")
     check_outputs(json_out=json_out, plot=plot)
     splits, variants = check_selection(splits=split, variants=variant)
     say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
@@ -148,6 +168,30 @@ def evaluate_cmd(
         write_text(json_out, json.dumps(metrics_records(res), indent=1, default=str))
     if plot is not None:
         say(f"plot: {plot_predicted_vs_measured(res['predictions'], plot)}")
+
+
+PHASES = ("train", "generate")
+
+
+def _evaluate_generate(*, data: Path, seed: int, json_out: str | None, markdown: str | None) -> None:
+    """`evaluate --phase generate`: the silicon end-to-end check (per-GPU throughput, TPOT, TTFT held out by model,
+    GPU and backend; layout choice beside the rule of thumb and a roofline), then the CPU-learned model on held-out
+    vLLM runs (layout choice beside the rule of thumb); --json writes both under `silicon` and `cpu_vllm`."""
+    from perfpredict.cli.generate import check_markdown, cpu_evaluation, quiet_or_print, silicon_evaluation
+    from perfpredict.train.generate_silicon import silicon_markdown
+
+    check_outputs(json_out=json_out)
+    check_markdown(json_out=json_out, markdown=markdown)
+    say = quiet_or_print(json_out=json_out, markdown=markdown)
+    say("GPU generation (vLLM, SGLang, TensorRT-LLM): the composition from measured silicon on the silicon_sample "
+        "serving runs")
+    silicon = silicon_evaluation(data=data, say=say)
+    say("CPU generation (vLLM): the learned model on held-out measured runs")
+    cpu, _ = cpu_evaluation(data=data, seed=seed, say=say)
+    if json_out:
+        write_text(json_out, json.dumps({"silicon": silicon, "cpu_vllm": cpu}, indent=1, default=str))
+    if markdown:
+        write_text(markdown, silicon_markdown(silicon))
 
 
 @command("evaluate-kernels")
