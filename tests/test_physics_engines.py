@@ -203,7 +203,7 @@ def test_fsdp_more_inter_node_bandwidth_is_never_slower(framework):
     flat = _frame(framework, 32, (1, 2))
     steps = [predict_frame(flat.with_columns(c_inter_bw_gb_per_s=c("c_inter_bw_gb_per_s") * k))["step_time_s"]
              .to_numpy() for k in (0.125, 0.5, 1.0, 4.0)]
-    for slow, fast in zip(steps, steps[1:]):
+    for slow, fast in zip(steps[:-1], steps[1:], strict=True):
         assert np.all(fast <= slow + 1e-12), steps
 
 
