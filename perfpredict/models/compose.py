@@ -115,6 +115,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
     T = seqs.cast(pl.Float64) * c("w_seq_len") / c("p_cp")
     ref = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
     sel = (c("p_recompute") == "selective").cast(pl.Float64)
+    eager_h, eager_f = _hf_eager_units()
     full = (c("p_recompute") == "full").cast(pl.Float64)
     moe = c("m_experts") > 0
     f = pl.when(moe).then(c("m_expert_ffn")).otherwise(c("m_ffn")).cast(pl.Float64)
@@ -131,7 +132,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         attn_fwd_extra=forward_passes() - 1.0 + sel * selective_share("attention_fwd"), ref=ref,
         rc_full=full, rc_attn=sel * selective_share("attention_fwd"),
         z3_chunks=_zero3_chunks(),
-        eager_h=_hf_eager_units()[0], eager_f=_hf_eager_units()[1],
+        eager_h=eager_h, eager_f=eager_f,
         # DeepSpeed reduces gradients in buckets of reduce_bucket_size elements (transformers' auto: hidden^2).
         rs_chunks=pl.when(runtime_is(lambda r: r.zero3_prefetch_buckets)).then(
             (c("d_params_rank") / (DS_REDUCE_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2)).clip(1.0, None)
