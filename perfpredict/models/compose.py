@@ -344,22 +344,34 @@ def _canonical_flat(desc: pl.DataFrame) -> pl.DataFrame:
     return flat
 
 
+def canonical_plans(flat: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """The distinct canonical plans of a frame's rows (canonical_frame before describe: its scenario columns alone
+    tell them apart) and, per row, the index of its own."""
+    cflat = _canonical_flat(flat)
+    return distinct_rows(cflat, [k for k in cflat.columns if not k.startswith(("d_", "k_", "kc_"))])
+
+
 def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str, float] | None = None,
-            trl_calibration: dict[str, float] | None = None, canonical: bool = True) -> pl.DataFrame:
+            trl_calibration: dict[str, float] | None = None, canonical: bool = True,
+            canon: tuple[pl.DataFrame, np.ndarray] | None = None) -> pl.DataFrame:
     """Adds k_<part>_s for each part and k_step_s (the composed step time) to a descriptor frame, and (with
     `canonical`) kc_<part>_frac, the shares of the canonical plan's composed step (see canonical_frame). The
     launch floor and the TRL calibration are the fitted values a bundle carries (calibration.LaunchFloor's
     floors_, calibration.TrlCalibration's calibration_; keys it lacks keep TRL_CALIBRATION's); None: the
-    defaults, LAUNCH_FLOOR_S and TRL_CALIBRATION."""
+    defaults, LAUNCH_FLOOR_S and TRL_CALIBRATION. `canon`: the rows' canonical plans already described, as
+    canonical_plans gives them (described) and each row's index among them (a ranking describes them together
+    with its plans: one pass of descriptors instead of two)."""
     floors = launch_floor or LAUNCH_FLOOR_S
     cal = {**TRL_CALIBRATION, **(trl_calibration or {})}
     if not canonical:
         return _compose(desc, kernels, floors, cal)
     # Many plans share one canonical plan: each distinct one is described and composed once (models.shapes). The
     # descriptors are recomputed from the scenario columns, so those alone tell canonical plans apart.
-    flat = _canonical_flat(desc)
-    shapes, of_row = distinct_rows(flat, [k for k in flat.columns if not k.startswith(("d_", "k_", "kc_"))])
-    canon = describe(shapes)
+    if canon is None:
+        shapes, of_row = canonical_plans(desc)
+        canon = describe(shapes)
+    else:
+        canon, of_row = canon
     try:  # the plans and their canonical plans ask the kernel models together: one query, one prediction each
         both = _kernel_parts(pl.concat([desc, canon.select(desc.columns)], how="vertical"), kernels)
         out, canon = _assemble(both.head(desc.height), floors, cal), _assemble(both.tail(canon.height), floors, cal)

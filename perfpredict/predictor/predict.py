@@ -56,11 +56,13 @@ def stall_free_time(b: Bundle, df: pl.DataFrame, t: np.ndarray) -> np.ndarray:
     return np.minimum(t, k * cap)
 
 
-def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described: bool = False) -> pl.DataFrame:
-    """Flat scenario rows -> the same rows with descriptors, the composition and every prediction column."""
+def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described: bool = False,
+                  canon: tuple[pl.DataFrame, np.ndarray] | None = None) -> pl.DataFrame:
+    """Flat scenario rows -> the same rows with descriptors, the composition and every prediction column (`canon`:
+    their canonical plans described, models.compose.compose's)."""
     b = bundle or load_predictor()
     df = flat if described else describe(flat)
-    df = b.compose(df)
+    df = b.compose(df, canon=canon)
     b.check_features(df)
     p = b.apply(df)
     t, mem = p["pred_time_s"], p["pred_mem_gib"]
