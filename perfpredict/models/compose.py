@@ -373,8 +373,9 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
     else:
         canon, of_row = canon
     try:  # the plans and their canonical plans ask the kernel models together: one query, one prediction each
-        both = _kernel_parts(pl.concat([desc, canon.select(desc.columns)], how="vertical"), kernels)
-        out, canon = _assemble(both.head(desc.height), floors, cal), _assemble(both.tail(canon.height), floors, cal)
+        both = _assemble(_kernel_parts(pl.concat([desc, canon.select(desc.columns)], how="vertical"), kernels),
+                         floors, cal)
+        out, canon = both.head(desc.height), both.tail(canon.height)
     except (pl.exceptions.SchemaError, pl.exceptions.ColumnNotFoundError):  # a frame the canonical one differs from
         out, canon = _compose(desc, kernels, floors, cal), _compose(canon, kernels, floors, cal)
     canon = canon[of_row]
@@ -441,7 +442,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     # Each distinct kernel is predicted once; the group lists the queries that ask for it.
     groups = q.select(keys).with_row_index("_q").group_by(keys).agg("_q")
     kt = np.empty(q.height)
-    kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict(groups.drop("_q")),
+    kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict_remembered(groups.drop("_q")),
                                                       groups["_q"].list.len().to_numpy())
     q = q.with_columns(kt=pl.Series(kt))
     for k in ("rc", "rf"):
@@ -452,19 +453,23 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         pl.when(c("family") == "membound").then(0.5)
         .otherwise(c("pass_").replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64))
     ).otherwise(0.0) * work
-    sums = q.group_by("row").agg(
-        *[work.filter(c("part") == p).sum().alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")],
-        k_bwd_s=bwd.sum(), n_timed=pl.when(timed).then(c("count")).otherwise(0.0).sum(),
+    # Each row's sums: the terms below per query (0 where a query is not one), added up per row id in numpy (a
+    # group_by over ~100k queries cost more than the whole sum).
+    terms = q.select(
+        *[pl.when(c("part") == p).then(work).otherwise(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather",
+                                                                                              "trlfold")],
+        k_bwd_s=bwd, n_timed=pl.when(timed).then(c("count")).otherwise(0.0),
         # Of the compute: recompute's forward work and the live reference's forward (engine terms for --explain).
-        k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0).sum(),
-        k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0).sum(),
-        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0).sum() for f in TRL_FAMILIES})
-    sums = (pl.DataFrame({"row": np.arange(n + tasks.height, dtype=np.uint32)}).join(sums, on="row", how="left")
-            .drop("row").fill_null(0.0))
+        k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0),
+        k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0),
+        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0) for f in TRL_FAMILIES},
+    ).fill_null(0.0)
+    ids, rows = q["row"].to_numpy(), n + tasks.height
+    sums = np.column_stack([np.bincount(ids, weights=terms[k].cast(pl.Float64).to_numpy(), minlength=rows)
+                            for k in terms.columns]) if terms.width else np.zeros((rows, 0))
     # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
-    own, shape = sums.head(n), sums[n + of_task]
-    sums = pl.DataFrame([own[k] + shape[k] for k in sums.columns])
-    return desc.hstack(sums[of_row])
+    sums = (sums[:n] + sums[n + of_task])[of_row]
+    return desc.hstack(pl.DataFrame({k: sums[:, i] for i, k in enumerate(terms.columns)}))
 
 
 def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float] | None = None) -> pl.DataFrame:
