@@ -290,13 +290,16 @@ COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv"
 def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
     """kernel_queries from _base's columns, which are all they read; the compute kernels from `work` (rows of
     COMPUTE_INPUTS with their own row ids) where given."""
-    w = b if work is None else work
-    frames = _gemms(w) + _attention(w) + _membound(w) + _comm(b) + _expert_parallel(b) + _optimizer(b)
-    frames = [f if "part" in f.columns else f.with_columns(part=pl.lit("compute")) for f in frames]
+    # The kernel functions build lazy frames, collected once as one query: ~40 small selects each paid polars'
+    # fixed cost per call, which at a ranking's size was most of their time.
+    w = (b if work is None else work).lazy()
+    lb = b.lazy()
+    frames = _gemms(w) + _attention(w) + _membound(w) + _comm(lb) + _expert_parallel(lb) + _optimizer(lb)
+    frames = [f if "part" in f.collect_schema().names() else f.with_columns(part=pl.lit("compute")) for f in frames]
     q = pl.concat(frames, how="diagonal_relaxed")
-    for k in KERNEL_KEYS:
-        if k not in q.columns:
-            q = q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k))
+    have = q.collect_schema().names()
+    q = q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k)
+                       for k in KERNEL_KEYS if k not in have).collect()
     return q.with_columns(family=c("op").replace_strict(
         {o: family_of(o) for o in q["op"].unique().to_list()}, return_dtype=pl.Utf8))
 
@@ -444,9 +447,8 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     kt = np.empty(q.height)
     kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict_remembered(groups.drop("_q")),
                                                       groups["_q"].list.len().to_numpy())
-    q = q.with_columns(kt=pl.Series(kt))
-    for k in ("rc", "rf"):
-        q = q.with_columns(c(k).fill_null(0.0)) if k in q.columns else q.with_columns(pl.lit(0.0).alias(k))
+    q = q.lazy().with_columns(kt=pl.Series(kt), **{k: c(k).fill_null(0.0) if k in q.columns else pl.lit(0.0)
+                                                   for k in ("rc", "rf")})
     timed = c("part") == "compute"
     work = c("kt") * c("count")
     bwd = pl.when(timed).then(
@@ -463,8 +465,10 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0),
         k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0),
         **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0) for f in TRL_FAMILIES},
-    ).fill_null(0.0)
-    ids, rows = q["row"].to_numpy(), n + tasks.height
+        _row=c("row"),
+    ).with_columns(pl.exclude("_row").fill_null(0.0)).collect()
+    ids, rows = terms["_row"].to_numpy(), n + tasks.height
+    terms = terms.drop("_row")
     sums = np.column_stack([np.bincount(ids, weights=terms[k].cast(pl.Float64).to_numpy(), minlength=rows)
                             for k in terms.columns]) if terms.width else np.zeros((rows, 0))
     # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
@@ -499,7 +503,8 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     exp_f = _exposed(g_f, c("k_compute_raw_s") - c("k_bwd_s"), tail)
     exp_b = pl.max_horizontal(g_b + rs - c("k_bwd_s"), g_b * tail.clip(0.0, 1.0) + rs * last_bucket)
     split = g_b / (g_b + rs).clip(lower_bound=1e-30)
-    out = out.with_columns(
+    # One lazy query, collected at the end (each eager step paid polars' fixed cost per call).
+    out = out.lazy().with_columns(
         k_host_s=(n_untimed + c("n_timed")) * launch_floor_s(c("g_name"), floors),
         k_dp_s=pl.when(shared).then(exp_b * (1.0 - split)).when(overlap).then(
             _exposed(c("k_dp_raw_s"), per_mb_bwd * c("d_dp_syncs"), last_bucket))
@@ -544,4 +549,4 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     ).with_columns(
         k_bubble_s=stage * c("d_bubble_frac") / (1.0 - c("d_bubble_frac")),
         **{f"k_{p}_frac": c(f"k_{p}_s") / c("k_step_s") for p in (*PARTS, "launch")},
-    )
+    ).collect()
