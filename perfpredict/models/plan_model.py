@@ -14,6 +14,8 @@ running away outside the data they were learned on.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import polars as pl
 
@@ -156,6 +158,16 @@ class Correction:
         return f"{FAMILY.get(framework, framework)}:{hardware}:{'multi' if multi_node else 'single'}-node"
 
     def domain_keys(self, df: pl.DataFrame) -> list[str]:
+        # Applying a bundle asks one frame's keys several times (weight, distance, intervals, the stall guard): the
+        # last frame's are kept, by a weak reference to it, so a frame that is gone can never be mistaken for it.
+        last = self.__dict__.get("_last_keys")
+        if last is not None and last[0]() is df and last[1] == df.height:
+            return list(last[2])
+        keys = self._domain_keys_of(df)
+        self._last_keys = (weakref.ref(df), df.height, keys)
+        return list(keys)
+
+    def _domain_keys_of(self, df: pl.DataFrame) -> list[str]:
         multi = (c("c_nodes") > 1) if "c_nodes" in df.columns else pl.lit(False)
         # A ranking's rows share a handful of keys: each distinct one is built once.
         combo = df.select(pl.struct(f=c("p_framework"), g=c("g_name"), m=multi).alias("k"))["k"]
