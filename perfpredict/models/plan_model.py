@@ -146,7 +146,15 @@ class Correction:
         return self.features(df.head(1)).columns
 
     def _X(self, df: pl.DataFrame) -> np.ndarray:
-        return self.features(df).fill_nan(0.0).fill_null(0.0).to_numpy().astype(float)
+        """The feature matrix (read-only). Applying a bundle asks it of one frame twice (the applicability distance,
+        then the prediction of the applicable rows): the last frame's is kept, as domain_keys keeps its keys."""
+        last = self.__dict__.get("_last_X")
+        if last is not None and last[0]() is df and last[1] == df.height:
+            return last[2]
+        X = self.features(df).fill_nan(0.0).fill_null(0.0).to_numpy().astype(float)
+        X.flags.writeable = False
+        self._last_X = (weakref.ref(df), df.height, X)
+        return X
 
     def _domain_key(self, framework: str, hardware: str, multi_node: bool) -> str:
         if self.domain == "device":
@@ -280,9 +288,15 @@ class Correction:
         if where is not None:
             out = np.zeros(df.height)
             if where.any():
-                out[where] = self.predict_log_ratio(df.filter(pl.Series(where)))
+                last = self.__dict__.get("_last_X")
+                if last is not None and last[0]() is df and last[1] == df.height:  # the rows' features are known
+                    out[where] = self._bounded(self.model_.predict(last[2][where]))
+                else:
+                    out[where] = self.predict_log_ratio(df.filter(pl.Series(where)))
             return out
-        r = self.model_.predict(self._X(df))
+        return self._bounded(self.model_.predict(self._X(df)))
+
+    def _bounded(self, r: np.ndarray) -> np.ndarray:
         if self.bound:
             r = np.clip(r, *self.bounds_)
         return r
