@@ -202,11 +202,17 @@ class Bundle:
                    oom_margins=OomMargins.from_dict(meta.get("oom_margins")), metadata=meta)
 
     def check_features(self, df: pl.DataFrame) -> None:
-        """The code's feature lists must be the ones the models were trained with."""
+        """The code's feature lists must be the ones the models were trained with (checked once per set of columns:
+        the lists are the code's, the frame only says which optional columns exist)."""
+        checked = self.__dict__.setdefault("_features_checked", set())
+        cols = tuple(df.columns)
+        if cols in checked:
+            return
         for kind, reg in (("time", self.time), ("memory", self.memory)):
             if reg.feature_names(df) != reg.feature_names_:
                 raise PerfPredictError(f"the {kind} model was trained on other features than this code builds; "
                                        "retrain with `perfpredict train`")
+        checked.add(cols)
 
     def check_kernel_features(self, prepared: pl.DataFrame) -> None:
         for fam, names in self.kernels.feature_names_.items():

@@ -48,11 +48,12 @@ def stall_free_time(b: Bundle, df: pl.DataFrame, t: np.ndarray) -> np.ndarray:
     instead of multiplying compute and communication by it."""
     k = df["k_step_s"].to_numpy()
     ceilings = getattr(b.time_intervals, "outside_keys_", {}) or {}
-    cap = np.full(len(t), np.inf)
-    for i, key in enumerate(b.time.interval_keys(df)):
+    keys = b.time.interval_keys(df)
+    caps: dict[str, float] = {}  # per distinct key (a ranking has a handful)
+    for key in set(keys):
         base, _, regime = key.partition("|")
-        if regime and base in ceilings:
-            cap[i] = 10.0 ** max(ceilings[base][1], 0.0)
+        caps[key] = 10.0 ** max(ceilings[base][1], 0.0) if regime and base in ceilings else np.inf
+    cap = np.array([caps[key] for key in keys], dtype=float) if keys else np.full(len(t), np.inf)
     return np.minimum(t, k * cap)
 
 
