@@ -271,7 +271,9 @@ class Correction:
 
     def in_domain(self, df: pl.DataFrame) -> np.ndarray:
         seen = set(self.domains_)
-        return np.array([k in seen for k in self.domain_keys(df)], dtype=bool)
+        keys = self.domain_keys(df)
+        known = {k: k in seen for k in set(keys)}
+        return np.fromiter((known[k] for k in keys), dtype=bool, count=len(keys))
 
     def weight(self, df: pl.DataFrame) -> np.ndarray:
         """Applicability of the correction per row, in [0, 1]."""
@@ -423,16 +425,19 @@ class Intervals:
 
     def bounds(self, keys: list[str], weight: np.ndarray, unseen: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-        cache = {k: self._pair(k) for k in set(keys)}
-        pairs = [cache[k] for k in keys]
-        lo_in, hi_in = np.array([p[0][0] for p in pairs]), np.array([p[0][1] for p in pairs])
-        lo_out, hi_out = np.array([p[1][0] for p in pairs]), np.array([p[1][1] for p in pairs])
+        # Each distinct key's bounds once, spread over its rows (a ranking's thousands of rows hold a handful).
+        distinct = list(dict.fromkeys(keys))
+        at = {k: i for i, k in enumerate(distinct)}
+        of = np.fromiter((at[k] for k in keys), dtype=np.int64, count=len(keys))
+        pairs = [self._pair(k) for k in distinct]
+        lo_in, hi_in = np.array([p[0][0] for p in pairs])[of], np.array([p[0][1] for p in pairs])[of]
+        lo_out, hi_out = np.array([p[1][0] for p in pairs])[of], np.array([p[1][1] for p in pairs])[of]
         lo = weight * lo_in + (1.0 - weight) * lo_out
         hi = weight * hi_in + (1.0 - weight) * hi_out
         if unseen is not None and unseen.any() and self.unseen_:
-            u = {k: self._unseen(k) for k in set(keys)}
-            ulo = np.array([u[k][0] if u[k] else 0.0 for k in keys])
-            uhi = np.array([u[k][1] if u[k] else 0.0 for k in keys])
+            u = [self._unseen(k) for k in distinct]
+            ulo = np.array([x[0] if x else 0.0 for x in u])[of]
+            uhi = np.array([x[1] if x else 0.0 for x in u])[of]
             lo = np.where(unseen, np.minimum(lo, ulo), lo)
             hi = np.where(unseen, np.maximum(hi, uhi), hi)
         return lo, hi
