@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -106,6 +106,15 @@ def _layouts(model: ModelSpec, cluster: Cluster, workload: Workload, space: Plan
                     rej.add("global batch not divisible by dp")
                     continue
                 yield tp, pp, cp, dp
+
+
+def replace(plan: Plan, **changes) -> Plan:
+    """dataclasses.replace for the probe plans below, without its generic walk over the fields (the enumeration
+    makes thousands): the same fields and the same __post_init__ (validation, normalisation)."""
+    new = object.__new__(Plan)
+    new.__dict__.update(plan.__dict__, **changes)
+    new.__post_init__()
+    return new
 
 
 # Every framework-legality decision below asks core.frameworks.refusal (why_not's rule) about a probe plan: the
