@@ -202,7 +202,7 @@ def _all_features(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-MEMO_ROWS = 200_000  # distinct kernel queries KernelModel.predict_remembered keeps (a large ranking asks ~1,000)
+MEMO_ROWS = 100_000  # distinct kernel queries KernelModel.predict_remembered keeps (a large ranking asks ~1,000)
 XGB_PARAMS = dict(n_estimators=300, max_depth=6, learning_rate=0.06, subsample=0.9, colsample_bytree=0.9,
                   min_child_weight=2.0, reg_lambda=1.0, tree_method="hist", n_jobs=2)
 
