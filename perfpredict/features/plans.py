@@ -204,7 +204,7 @@ def refuse_host_ram(described: pl.DataFrame, *, host_ram_gib_per_node: float, re
     if n:
         rej.add(f"{HOST_RAM_REFUSAL} {need.filter(over).min():,.0f} GiB or more per node, the node has "
                 f"{host_ram_gib_per_node:,.0f} GiB", n)
-    return described.filter(~over)
+    return described.filter(~over) if n else described  # nothing refused: no copy of the frame
 
 
 HOST_RAM_REFUSAL = "their offloaded states need host RAM:"  # how refuse_host_ram's tally reasons start

@@ -381,7 +381,7 @@ def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str,
         out, canon = both.head(desc.height), both.tail(canon.height)
     except (pl.exceptions.SchemaError, pl.exceptions.ColumnNotFoundError):  # a frame the canonical one differs from
         out, canon = _compose(desc, kernels, floors, cal), _compose(canon, kernels, floors, cal)
-    canon = canon[of_row]
+    canon = canon.select("k_step_s", *[f"k_{p}_frac" for p in (*PARTS, "launch")])[of_row]  # gather what is read
     return out.with_columns(
         kc_step_s=canon["k_step_s"], **{f"kc_{p}_frac": canon[f"k_{p}_frac"] for p in (*PARTS, "launch")})
 

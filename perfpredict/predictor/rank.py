@@ -89,8 +89,10 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
     )
     # Deterministic order: fitting first, then throughput; equal throughput goes to the plan needing less memory,
     # then to the label (so a rerun ranks identically).
-    df = df.sort(["fits", "samples_per_s", "peak_memory_gib", "plan"], descending=[True, True, False, False],
-                 maintain_order=True).with_row_index("rank", offset=1)
+    keys = ["fits", "samples_per_s", "peak_memory_gib", "plan"]
+    kept = [k for k in dict.fromkeys([*RANK_COLUMNS, *keys]) if k in df.columns]  # sort only what the table keeps
+    df = df.select(kept).sort(keys, descending=[True, True, False, False], maintain_order=True).with_row_index(
+        "rank", offset=1)
     return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
                    cluster=cluster, workload=workload, model=model)
 
