@@ -334,7 +334,13 @@ def canonical_frame(desc: pl.DataFrame) -> pl.DataFrame:
 def _canonical_flat(desc: pl.DataFrame) -> pl.DataFrame:
     """canonical_frame before its descriptors are recomputed."""
     hw = hardware_table().select(g_name="hardware", _intra="hw_intra_gb_per_s", _inter="hw_inter_gb_per_s")
-    flat = desc.with_row_index("_row").join(hw, on="g_name", how="left").sort("_row")
+    # The catalog's links joined on the hardware column alone, in the rows' order (joining and re-sorting the
+    # whole frame copied every column twice).
+    links = desc.select("g_name").join(hw, on="g_name", how="left", maintain_order="left")
+    if links.height == desc.height:
+        flat = desc.with_columns(links["_intra"], links["_inter"])
+    else:  # a hardware name listed twice in the catalog: the plain join, as before
+        flat = desc.with_row_index("_row").join(hw, on="g_name", how="left").sort("_row").drop("_row")
     flat = flat.with_columns(
         p_sp=pl.lit(False), p_recompute=pl.lit("none"),
         w_reference=pl.when(c("w_reference").is_in(["live", "offloaded"])).then(pl.lit("precomputed"))
@@ -343,7 +349,7 @@ def _canonical_flat(desc: pl.DataFrame) -> pl.DataFrame:
         w_global_batch=(c("p_dp") * c("p_micro_batch")).cast(desc.schema["w_global_batch"]),
         c_intra_bw_gb_per_s=pl.coalesce(c("_intra"), c("c_intra_bw_gb_per_s")),
         c_inter_bw_gb_per_s=pl.coalesce(c("_inter"), c("c_inter_bw_gb_per_s")),
-    ).drop("_row", "_intra", "_inter")
+    ).drop("_intra", "_inter")
     return flat
 
 
