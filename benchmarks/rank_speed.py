@@ -165,9 +165,14 @@ def main() -> None:
         con.print(t)
         if len(trees) == 2:
             new, old = trees
+            # The top plans can only match where both trees ship the same bundle (a retrained one predicts anew).
+            meta = "perfpredict/predictor/default/metadata.json"
+            same_bundle = (trees[old] / meta).read_bytes() == (trees[new] / meta).read_bytes()
+            verdict = (same_top(tops[old], tops[new]) if same_bundle else
+                       "not compared (the baseline ships another bundle; --baseline a commit with this one)")
             con.print(f"cold: {statistics.median(colds[old]) / statistics.median(colds[new]):.1f}x faster than the "
                       f"previous release; warm: {statistics.median(warms[old]) / statistics.median(warms[new]):.1f}x; "
-                      f"top 20 plans and predictions identical: {same_top(tops[old], tops[new])}")
+                      f"top 20 plans and predictions identical: {verdict}")
         con.print(f"targets: cold < 1.0 s ({'met' if statistics.median(colds['this tree']) < 1.0 else 'NOT met'}), "
                   f"warm >= 50,000 plans/s ({'met' if plans / statistics.median(warms['this tree']) >= 50_000 else 'NOT met'})"
                   f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"

@@ -164,3 +164,32 @@ def test_rank_path_imports_nothing_heavy():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "top 3 plans" in p.stdout, p.stdout + p.stderr
     assert "HEAVY []" in p.stdout, p.stdout
+
+
+def test_shortcuts_of_the_second_pass_give_the_first_pass_numbers():
+    """Kernel predictions remembered per query, the OOM cells and erfc per distinct value, and models read at their
+    first prediction: each equals what it replaced."""
+    import math
+
+    from perfpredict.core.frameworks import FAMILY
+    from perfpredict.features.compute import on_cpu
+    from perfpredict.features.descriptors import describe
+    from perfpredict.models.compose import kernel_queries
+    from perfpredict.models.oom import _erfc, margin_cells, memory_class
+
+    model, cluster, workload, space = SCENARIOS["mixtral-8xa100"]
+    flat = plans_frame(model, cluster, workload, plan_columns_frame(model, cluster, workload, space)).head(50)
+    q = kernel_queries(describe(flat))
+    keys = q.select(*compose_mod.KERNEL_KEYS, "family").unique(maintain_order=True)
+    kernels = _fresh_bundle().kernels  # its models not read yet: read at the first prediction
+    first = kernels.predict_remembered(keys)
+    np.testing.assert_array_equal(first, kernels.predict(keys))
+    np.testing.assert_array_equal(kernels.predict_remembered(keys.reverse()), first[::-1])
+    cells = pl.DataFrame({"p_framework": ["megatron", "trl", "deepspeed", "trl", "fsdp", "megatron"],
+                          "g_memory_gib": [80.0, 0.0, 24.0, 0.0, 141.0, 80.0],
+                          "g_name": ["h100-sxm-80gb", "cpu", "rtx-4090", "cpu", "h200-sxm-141gb", "h100-sxm-80gb"]})
+    cpu = cells.select(on_cpu()).to_series().to_list()
+    assert margin_cells(cells) == [f"{FAMILY.get(f, f)}|{memory_class(g, x)}" for f, g, x in
+                                   zip(cells["p_framework"], cells["g_memory_gib"], cpu, strict=True)]
+    z = np.array([0.3, -1.2, 0.3, 5.0, np.inf, -np.inf, 0.0])
+    np.testing.assert_array_equal(_erfc(z), [math.erfc(v) for v in z])

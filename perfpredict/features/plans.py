@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -108,6 +108,15 @@ def _layouts(model: ModelSpec, cluster: Cluster, workload: Workload, space: Plan
                 yield tp, pp, cp, dp
 
 
+def replace(plan: Plan, **changes) -> Plan:
+    """dataclasses.replace for the probe plans below, without its generic walk over the fields (the enumeration
+    makes thousands): the same fields and the same __post_init__ (validation, normalisation)."""
+    new = object.__new__(Plan)
+    new.__dict__.update(plan.__dict__, **changes)
+    new.__post_init__()
+    return new
+
+
 # Every framework-legality decision below asks core.frameworks.refusal (why_not's rule) about a probe plan: the
 # layout with every other knob at a value the framework runs, one knob changed at a time. Its tally line is what a
 # rejection is counted as.
@@ -195,7 +204,7 @@ def refuse_host_ram(described: pl.DataFrame, *, host_ram_gib_per_node: float, re
     if n:
         rej.add(f"{HOST_RAM_REFUSAL} {need.filter(over).min():,.0f} GiB or more per node, the node has "
                 f"{host_ram_gib_per_node:,.0f} GiB", n)
-    return described.filter(~over)
+    return described.filter(~over) if n else described  # nothing refused: no copy of the frame
 
 
 HOST_RAM_REFUSAL = "their offloaded states need host RAM:"  # how refuse_host_ram's tally reasons start

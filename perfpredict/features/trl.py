@@ -193,6 +193,8 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     backward, the first op of the backward; both sit on top of the states and the policy's stored activations,
     so d_ref_transient_bytes only carries what (a) needs beyond (b)."""
     trl = is_trl() & c("w_objective").is_in(list(TRAINERS))
+    if not df.select(trl.any()).item():  # no TRL row (a GPU ranking): every column below passes through
+        return df.with_columns(d_head_bwd_bytes=pl.lit(None, dtype=pl.Float64))
     fp32 = c("w_precision") == "fp32"
     ab = pl.when(fp32).then(4.0).otherwise(2.0)  # compute dtype bytes (autocast or the parameters' own)
     cpu = on_cpu()

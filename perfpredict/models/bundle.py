@@ -25,7 +25,7 @@ from perfpredict.features.reserve import with_reserve
 from perfpredict.models.compose import TRL_CALIBRATION, compose
 from perfpredict.models.gb import GBRegressor, xgboost_version
 from perfpredict.models.kernels import KernelModel, kernel_features
-from perfpredict.models.oom import FITS, OomMargins, margin_cells, verdict
+from perfpredict.models.oom import FITS, OomMargins, verdict
 from perfpredict.models.plan_model import (
     Correction,
     Intervals,
@@ -106,10 +106,11 @@ class Bundle:
     oom_margins: OomMargins = field(default_factory=lambda: OomMargins.from_dict({}))
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def compose(self, desc: pl.DataFrame, *, canonical: bool = True) -> pl.DataFrame:
+    def compose(self, desc: pl.DataFrame, *, canonical: bool = True,
+                canon: tuple[pl.DataFrame, np.ndarray] | None = None) -> pl.DataFrame:
         """compose.compose with this bundle's kernels, launch floor and TRL calibration."""
         return compose(desc, self.kernels, launch_floor=self.launch_floor_s, trl_calibration=self.trl_calibration,
-                       canonical=canonical)
+                       canonical=canonical, canon=canon)
 
     def apply(self, df: pl.DataFrame) -> dict[str, np.ndarray]:
         """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, the
@@ -124,7 +125,7 @@ class Bundle:
         mem_lo, mem_hi = mem * 10**mlo, mem * 10**mhi
         res = with_reserve(df.select("g_name", "g_memory_gib", "p_tp", "p_dp", "p_cp", "p_ep", "p_pp"))
         usable = res["r_usable_gib"].to_numpy()
-        a, b, _ = self.oom_margins.ab(margin_cells(df))
+        a, b, _ = self.oom_margins.ab_of(df)
         v = verdict(mem, mem_lo, mem_hi, usable, a, b)
         return {"pred_time_s": t, "pred_time_lo_s": t * 10**tlo, "pred_time_hi_s": t * 10**thi, "time_weight": wt,
                 "pred_mem_gib": mem, "pred_mem_lo_gib": mem_lo, "pred_mem_hi_gib": mem_hi, "mem_weight": wm,
@@ -201,11 +202,17 @@ class Bundle:
                    oom_margins=OomMargins.from_dict(meta.get("oom_margins")), metadata=meta)
 
     def check_features(self, df: pl.DataFrame) -> None:
-        """The code's feature lists must be the ones the models were trained with."""
+        """The code's feature lists must be the ones the models were trained with (checked once per set of columns:
+        the lists are the code's, the frame only says which optional columns exist)."""
+        checked = self.__dict__.setdefault("_features_checked", set())
+        cols = tuple(df.columns)
+        if cols in checked:
+            return
         for kind, reg in (("time", self.time), ("memory", self.memory)):
             if reg.feature_names(df) != reg.feature_names_:
                 raise PerfPredictError(f"the {kind} model was trained on other features than this code builds; "
                                        "retrain with `perfpredict train`")
+        checked.add(cols)
 
     def check_kernel_features(self, prepared: pl.DataFrame) -> None:
         for fam, names in self.kernels.feature_names_.items():

@@ -313,13 +313,16 @@ COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv"
 def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
     """kernel_queries from _base's columns, which are all they read; the compute kernels from `work` (rows of
     COMPUTE_INPUTS with their own row ids) where given."""
-    w = b if work is None else work
-    frames = _gemms(w) + _attention(w) + _membound(w) + _comm(b) + _expert_parallel(b) + _optimizer(b)
-    frames = [f if "part" in f.columns else f.with_columns(part=pl.lit("compute")) for f in frames]
+    # The kernel functions build lazy frames, collected once as one query: ~40 small selects each paid polars'
+    # fixed cost per call, which at a ranking's size was most of their time.
+    w = (b if work is None else work).lazy()
+    lb = b.lazy()
+    frames = _gemms(w) + _attention(w) + _membound(w) + _comm(lb) + _expert_parallel(lb) + _optimizer(lb)
+    frames = [f if "part" in f.collect_schema().names() else f.with_columns(part=pl.lit("compute")) for f in frames]
     q = pl.concat(frames, how="diagonal_relaxed")
-    for k in KERNEL_KEYS:
-        if k not in q.columns:
-            q = q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k))
+    have = q.collect_schema().names()
+    q = q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k)
+                       for k in KERNEL_KEYS if k not in have).collect()
     return q.with_columns(family=c("op").replace_strict(
         {o: family_of(o) for o in q["op"].unique().to_list()}, return_dtype=pl.Utf8))
 
@@ -354,7 +357,13 @@ def canonical_frame(desc: pl.DataFrame) -> pl.DataFrame:
 def _canonical_flat(desc: pl.DataFrame) -> pl.DataFrame:
     """canonical_frame before its descriptors are recomputed."""
     hw = hardware_table().select(g_name="hardware", _intra="hw_intra_gb_per_s", _inter="hw_inter_gb_per_s")
-    flat = desc.with_row_index("_row").join(hw, on="g_name", how="left").sort("_row")
+    # The catalog's links joined on the hardware column alone, in the rows' order (joining and re-sorting the
+    # whole frame copied every column twice).
+    links = desc.select("g_name").join(hw, on="g_name", how="left", maintain_order="left")
+    if links.height == desc.height:
+        flat = desc.with_columns(links["_intra"], links["_inter"])
+    else:  # a hardware name listed twice in the catalog: the plain join, as before
+        flat = desc.with_row_index("_row").join(hw, on="g_name", how="left").sort("_row").drop("_row")
     flat = flat.with_columns(
         p_sp=pl.lit(False), p_recompute=pl.lit("none"),
         w_reference=pl.when(c("w_reference").is_in(["live", "offloaded"])).then(pl.lit("precomputed"))
@@ -363,32 +372,45 @@ def _canonical_flat(desc: pl.DataFrame) -> pl.DataFrame:
         w_global_batch=(c("p_dp") * c("p_micro_batch")).cast(desc.schema["w_global_batch"]),
         c_intra_bw_gb_per_s=pl.coalesce(c("_intra"), c("c_intra_bw_gb_per_s")),
         c_inter_bw_gb_per_s=pl.coalesce(c("_inter"), c("c_inter_bw_gb_per_s")),
-    ).drop("_row", "_intra", "_inter")
+    ).drop("_intra", "_inter")
     return flat
 
 
+def canonical_plans(flat: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """The distinct canonical plans of a frame's rows (canonical_frame before describe: its scenario columns alone
+    tell them apart) and, per row, the index of its own."""
+    cflat = _canonical_flat(flat)
+    return distinct_rows(cflat, [k for k in cflat.columns if not k.startswith(("d_", "k_", "kc_"))])
+
+
 def compose(desc: pl.DataFrame, kernels: KernelModel, *, launch_floor: dict[str, float] | None = None,
-            trl_calibration: dict[str, float] | None = None, canonical: bool = True) -> pl.DataFrame:
+            trl_calibration: dict[str, float] | None = None, canonical: bool = True,
+            canon: tuple[pl.DataFrame, np.ndarray] | None = None) -> pl.DataFrame:
     """Adds k_<part>_s for each part and k_step_s (the composed step time) to a descriptor frame, and (with
     `canonical`) kc_<part>_frac, the shares of the canonical plan's composed step (see canonical_frame). The
     launch floor and the TRL calibration are the fitted values a bundle carries (calibration.LaunchFloor's
     floors_, calibration.TrlCalibration's calibration_; keys it lacks keep TRL_CALIBRATION's); None: the
-    defaults, LAUNCH_FLOOR_S and TRL_CALIBRATION."""
+    defaults, LAUNCH_FLOOR_S and TRL_CALIBRATION. `canon`: the rows' canonical plans already described, as
+    canonical_plans gives them (described) and each row's index among them (a ranking describes them together
+    with its plans: one pass of descriptors instead of two)."""
     floors = launch_floor or LAUNCH_FLOOR_S
     cal = {**TRL_CALIBRATION, **(trl_calibration or {})}
     if not canonical:
         return _compose(desc, kernels, floors, cal)
     # Many plans share one canonical plan: each distinct one is described and composed once (models.shapes). The
     # descriptors are recomputed from the scenario columns, so those alone tell canonical plans apart.
-    flat = _canonical_flat(desc)
-    shapes, of_row = distinct_rows(flat, [k for k in flat.columns if not k.startswith(("d_", "k_", "kc_"))])
-    canon = describe(shapes)
+    if canon is None:
+        shapes, of_row = canonical_plans(desc)
+        canon = describe(shapes)
+    else:
+        canon, of_row = canon
     try:  # the plans and their canonical plans ask the kernel models together: one query, one prediction each
-        both = _kernel_parts(pl.concat([desc, canon.select(desc.columns)], how="vertical"), kernels)
-        out, canon = _assemble(both.head(desc.height), floors, cal), _assemble(both.tail(canon.height), floors, cal)
+        both = _assemble(_kernel_parts(pl.concat([desc, canon.select(desc.columns)], how="vertical"), kernels),
+                         floors, cal)
+        out, canon = both.head(desc.height), both.tail(canon.height)
     except (pl.exceptions.SchemaError, pl.exceptions.ColumnNotFoundError):  # a frame the canonical one differs from
         out, canon = _compose(desc, kernels, floors, cal), _compose(canon, kernels, floors, cal)
-    canon = canon[of_row]
+    canon = canon.select("k_step_s", *[f"k_{p}_frac" for p in (*PARTS, "launch")])[of_row]  # gather what is read
     return out.with_columns(
         kc_step_s=canon["k_step_s"], **{f"kc_{p}_frac": canon[f"k_{p}_frac"] for p in (*PARTS, "launch")})
 
@@ -452,34 +474,39 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     # Each distinct kernel is predicted once; the group lists the queries that ask for it.
     groups = q.select(keys).with_row_index("_q").group_by(keys).agg("_q")
     kt = np.empty(q.height)
-    kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict(groups.drop("_q")),
+    kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict_remembered(groups.drop("_q")),
                                                       groups["_q"].list.len().to_numpy())
-    q = q.with_columns(kt=pl.Series(kt))
-    for k in ("rc", "rf", "eg"):
-        q = q.with_columns(c(k).fill_null(0.0)) if k in q.columns else q.with_columns(pl.lit(0.0).alias(k))
+    q = q.lazy().with_columns(kt=pl.Series(kt), **{k: c(k).fill_null(0.0) if k in q.columns else pl.lit(0.0)
+                                                   for k in ("rc", "rf", "eg")})
     timed = c("part") == "compute"
     work = c("kt") * c("count")
     bwd = pl.when(timed).then(
         pl.when(c("family") == "membound").then(0.5)
         .otherwise(c("pass_").replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64))
     ).otherwise(0.0) * work
-    sums = q.group_by("row").agg(
-        *[work.filter(c("part") == p).sum().alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")],
-        k_bwd_s=bwd.sum(),
+    # Each row's sums: the terms below per query (0 where a query is not one), added up per row id in numpy (a
+    # group_by over ~100k queries cost more than the whole sum).
+    terms = q.select(
+        *[pl.when(c("part") == p).then(work).otherwise(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather",
+                                                                                              "trlfold")],
+        k_bwd_s=bwd,
         # Kernel launches: the eager-op queries are byte equivalents, not kernel counts; their launches stay in
         # UNTIMED_FWD/BWD_PER_LAYER (the launch floor is fitted on those counts).
-        n_timed=pl.when(timed).then(c("count") - c("eg")).otherwise(0.0).sum(),
+        n_timed=pl.when(timed).then(c("count") - c("eg")).otherwise(0.0),
         # Of the compute: recompute's forward work and the live reference's forward (engine terms for --explain).
-        k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0).sum(),
-        k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0).sum(),
-        k_hf_eager_s=pl.when(timed).then(c("kt") * c("eg")).otherwise(0.0).sum(),
-        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0).sum() for f in TRL_FAMILIES})
-    sums = (pl.DataFrame({"row": np.arange(n + tasks.height, dtype=np.uint32)}).join(sums, on="row", how="left")
-            .drop("row").fill_null(0.0))
+        k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0),
+        k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0),
+        k_hf_eager_s=pl.when(timed).then(c("kt") * c("eg")).otherwise(0.0),
+        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0) for f in TRL_FAMILIES},
+        _row=c("row"),
+    ).with_columns(pl.exclude("_row").fill_null(0.0)).collect()
+    ids, rows = terms["_row"].to_numpy(), n + tasks.height
+    terms = terms.drop("_row")
+    sums = np.column_stack([np.bincount(ids, weights=terms[k].cast(pl.Float64).to_numpy(), minlength=rows)
+                            for k in terms.columns]) if terms.width else np.zeros((rows, 0))
     # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
-    own, shape = sums.head(n), sums[n + of_task]
-    sums = pl.DataFrame([own[k] + shape[k] for k in sums.columns])
-    return desc.hstack(sums[of_row])
+    sums = (sums[:n] + sums[n + of_task])[of_row]
+    return desc.hstack(pl.DataFrame({k: sums[:, i] for i, k in enumerate(terms.columns)}))
 
 
 def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float] | None = None) -> pl.DataFrame:
@@ -509,7 +536,8 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     exp_f = _exposed(g_f, c("k_compute_raw_s") - c("k_bwd_s"), tail)
     exp_b = pl.max_horizontal(g_b + rs - c("k_bwd_s"), g_b * tail.clip(0.0, 1.0) + rs * last_bucket)
     split = g_b / (g_b + rs).clip(lower_bound=1e-30)
-    out = out.with_columns(
+    # One lazy query, collected at the end (each eager step paid polars' fixed cost per call).
+    out = out.lazy().with_columns(
         k_host_s=(n_untimed + c("n_timed")) * launch_floor_s(c("g_name"), floors),
         k_dp_s=pl.when(shared).then(exp_b * (1.0 - split)).when(overlap).then(
             _exposed(c("k_dp_raw_s"), per_mb_bwd * c("d_dp_syncs"), last_bucket))
@@ -554,4 +582,4 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     ).with_columns(
         k_bubble_s=stage * c("d_bubble_frac") / (1.0 - c("d_bubble_frac")),
         **{f"k_{p}_frac": c(f"k_{p}_s") / c("k_step_s") for p in (*PARTS, "launch")},
-    )
+    ).collect()

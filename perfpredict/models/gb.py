@@ -54,6 +54,9 @@ DEFAULTS = dict(n_estimators=300, max_depth=6, learning_rate=0.06, subsample=0.9
                 min_child_weight=2.0, reg_lambda=1.0, tree_method="hist", n_jobs=2)
 
 
+_UNREAD = object()  # GBRegressor.load_model: trees not read yet
+
+
 class GBRegressor:
     def __init__(self, *, seed: int = 0, **params):
         self.seed = seed
@@ -75,6 +78,8 @@ class GBRegressor:
         return self
 
     def predict(self, X: np.ndarray) -> np.ndarray:
+        if getattr(self, "trees_", None) is _UNREAD:  # a loaded model's trees, read at its first prediction
+            self.trees_ = TreeEnsemble.for_model(self.path_)
         if getattr(self, "trees_", None) is not None:
             return self.trees_.predict(np.asarray(X, dtype=np.float32))
         return self.booster_.inplace_predict(np.asarray(X, dtype=np.float32))
@@ -92,9 +97,13 @@ class GBRegressor:
 
     @classmethod
     def load_model(cls, path: Path | str) -> GBRegressor:
-        """A saved model that predicts with numpy trees; the xgboost booster is loaded only if asked for."""
+        """A saved model that predicts with numpy trees, read at its first prediction (a bundle holds a dozen models
+        and a ranking on GPUs asks none of the CPU kernel families); the xgboost booster is loaded only if asked
+        for."""
         m = cls()
         m.path_ = Path(path)
+        if not m.path_.is_file():
+            raise FileNotFoundError(f"no saved model at {m.path_}")
         m.booster_ = None
-        m.trees_ = TreeEnsemble.for_model(path)
+        m.trees_ = _UNREAD
         return m

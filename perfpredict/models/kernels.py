@@ -202,6 +202,7 @@ def _all_features(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+MEMO_ROWS = 100_000  # distinct kernel queries KernelModel.predict_remembered keeps (a large ranking asks ~1,000)
 XGB_PARAMS = dict(n_estimators=300, max_depth=6, learning_rate=0.06, subsample=0.9, colsample_bytree=0.9,
                   min_child_weight=2.0, reg_lambda=1.0, tree_method="hist", n_jobs=2)
 
@@ -248,6 +249,7 @@ class KernelModel:
         return np.where(cpu, fam + ".cpu", fam)
 
     def fit(self, probes: pl.DataFrame) -> KernelModel:
+        self.__dict__.pop("_memo", None)  # predict_remembered's answers were the old models'
         # The trl family's probes time whole TRL ops against these models (models.trl_scales); none learns from them.
         probes = probes.filter(~c("op").is_in(list(TRL_OPS)))
         self.models_ = {}
@@ -289,3 +291,19 @@ class KernelModel:
 
     def predict(self, probes: pl.DataFrame) -> np.ndarray:
         return self.predict_prepared(self.prepare(probes))
+
+    def predict_remembered(self, queries: pl.DataFrame) -> np.ndarray:
+        """predict, each query row's seconds remembered by its values: a loaded model never changes, and the
+        rankings of one process ask largely the same kernels again (`--gpus auto`, what would fit, the API in a
+        server, a warm ranking). A row is predicted alone exactly as in a batch (its features and trees are its
+        own). fit forgets; past MEMO_ROWS remembered rows the memo starts again."""
+        memo = self.__dict__.setdefault("_memo", {})
+        keys = queries.rows()
+        new = [i for i, k in enumerate(keys) if k not in memo]
+        if new:
+            if len(memo) + len(new) > MEMO_ROWS:
+                memo.clear()
+                new = list(range(len(keys)))
+            for i, v in zip(new, self.predict(queries[new]).tolist(), strict=True):
+                memo[keys[i]] = v
+        return np.array([memo[k] for k in keys], dtype=float)

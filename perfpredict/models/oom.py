@@ -55,9 +55,20 @@ def memory_class(gib: float, cpu: bool) -> str:
 
 def margin_cells(df: pl.DataFrame) -> list[str]:
     """(framework family, GPU memory class) per row, e.g. "3d|64-96GiB", "trl|host"."""
-    cpu = df.select(on_cpu()).to_series().to_list()
-    return [f"{FAMILY.get(fw, fw)}|{memory_class(float(g), bool(x))}"
-            for fw, g, x in zip(df["p_framework"].to_list(), df["g_memory_gib"].to_list(), cpu, strict=True)]
+    names, ids = _cell_codes(df)
+    return names[ids].tolist()
+
+
+def _cell_codes(df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct cells of df's rows and, per row, the index of its cell: a ranking holds thousands of plans
+    but a handful of (framework, GPU memory, CPU or not) triples, so each is named once."""
+    triples = df.select(c_fw=pl.col("p_framework"), c_mem=pl.col("g_memory_gib").cast(pl.Float64), c_cpu=on_cpu())
+    distinct = triples.unique(maintain_order=True).with_row_index("c_id")
+    ids = triples.join(distinct, on=["c_fw", "c_mem", "c_cpu"], how="left", maintain_order="left",
+                       nulls_equal=True)["c_id"].to_numpy()
+    names = np.array([f"{FAMILY.get(fw, fw)}|{memory_class(float(g), bool(x))}"
+                      for fw, g, x in distinct.select("c_fw", "c_mem", "c_cpu").iter_rows()], dtype=object)
+    return names, ids
 
 
 def _rates(lo, hi, usable, ran, a, b):
@@ -109,6 +120,22 @@ class OomMargins:
         return (np.array([g["a"] if g else 0.0 for g in got]), np.array([g["b"] if g else 0.0 for g in got]),
                 np.array([g is not None for g in got], dtype=bool))
 
+    def ab_of(self, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """ab(margin_cells(df)), looked up once per distinct cell (the ranking's hot path)."""
+        names, ids = _cell_codes(df)
+        a, b, known = self.ab(names.tolist())
+        return a[ids], b[ids], known[ids]
+
+
+def _erfc(x: np.ndarray) -> np.ndarray:
+    """math.erfc elementwise (no scipy on the ranking path), evaluated once per distinct value: a ranking's plans
+    share few memory predictions (many differ only in knobs that move no byte)."""
+    x = np.asarray(x, dtype=float)
+    if not x.size:
+        return np.zeros(0)
+    u, inv = np.unique(x, return_inverse=True)
+    return np.array([math.erfc(v) for v in u])[inv.reshape(x.shape)]
+
 
 def verdict(pred_gib: np.ndarray, lo_gib: np.ndarray, hi_gib: np.ndarray, usable_gib: np.ndarray,
             a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
@@ -123,7 +150,7 @@ def verdict(pred_gib: np.ndarray, lo_gib: np.ndarray, hi_gib: np.ndarray, usable
     s_lo = np.maximum(np.log(np.maximum(pred, 1e-12) / np.maximum(down, 1e-12)), 1e-3) / Z95
     z = np.log(np.maximum(usable, 1e-12) / np.maximum(pred, 1e-12))
     z = np.where(z >= 0, z / s_hi, z / s_lo)
-    risk = 0.5 * np.array([math.erfc(v / math.sqrt(2.0)) for v in z]) if z.size else np.zeros(0)
+    risk = 0.5 * _erfc(z / math.sqrt(2.0))
     # The verdict and the probability say the same: clip where log-normal tails and the bounds disagree by rounding.
     risk = np.where(fit, np.minimum(risk, 0.05), np.where(nofit, np.maximum(risk, 0.95), risk))
     margin = up / np.maximum(pred, 1e-12) - 1.0

@@ -14,6 +14,8 @@ running away outside the data they were learned on.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import polars as pl
 
@@ -144,7 +146,15 @@ class Correction:
         return self.features(df.head(1)).columns
 
     def _X(self, df: pl.DataFrame) -> np.ndarray:
-        return self.features(df).fill_nan(0.0).fill_null(0.0).to_numpy().astype(float)
+        """The feature matrix (read-only). Applying a bundle asks it of one frame twice (the applicability distance,
+        then the prediction of the applicable rows): the last frame's is kept, as domain_keys keeps its keys."""
+        last = self.__dict__.get("_last_X")
+        if last is not None and last[0]() is df and last[1] == df.height:
+            return last[2]
+        X = self.features(df).fill_nan(0.0).fill_null(0.0).to_numpy().astype(float)
+        X.flags.writeable = False
+        self._last_X = (weakref.ref(df), df.height, X)
+        return X
 
     def _domain_key(self, framework: str, hardware: str, multi_node: bool) -> str:
         if self.domain == "device":
@@ -156,6 +166,16 @@ class Correction:
         return f"{FAMILY.get(framework, framework)}:{hardware}:{'multi' if multi_node else 'single'}-node"
 
     def domain_keys(self, df: pl.DataFrame) -> list[str]:
+        # Applying a bundle asks one frame's keys several times (weight, distance, intervals, the stall guard): the
+        # last frame's are kept, by a weak reference to it, so a frame that is gone can never be mistaken for it.
+        last = self.__dict__.get("_last_keys")
+        if last is not None and last[0]() is df and last[1] == df.height:
+            return list(last[2])
+        keys = self._domain_keys_of(df)
+        self._last_keys = (weakref.ref(df), df.height, keys)
+        return list(keys)
+
+    def _domain_keys_of(self, df: pl.DataFrame) -> list[str]:
         multi = (c("c_nodes") > 1) if "c_nodes" in df.columns else pl.lit(False)
         # A ranking's rows share a handful of keys: each distinct one is built once.
         combo = df.select(pl.struct(f=c("p_framework"), g=c("g_name"), m=multi).alias("k"))["k"]
@@ -251,7 +271,9 @@ class Correction:
 
     def in_domain(self, df: pl.DataFrame) -> np.ndarray:
         seen = set(self.domains_)
-        return np.array([k in seen for k in self.domain_keys(df)], dtype=bool)
+        keys = self.domain_keys(df)
+        known = {k: k in seen for k in set(keys)}
+        return np.fromiter((known[k] for k in keys), dtype=bool, count=len(keys))
 
     def weight(self, df: pl.DataFrame) -> np.ndarray:
         """Applicability of the correction per row, in [0, 1]."""
@@ -268,9 +290,15 @@ class Correction:
         if where is not None:
             out = np.zeros(df.height)
             if where.any():
-                out[where] = self.predict_log_ratio(df.filter(pl.Series(where)))
+                last = self.__dict__.get("_last_X")
+                if last is not None and last[0]() is df and last[1] == df.height:  # the rows' features are known
+                    out[where] = self._bounded(self.model_.predict(last[2][where]))
+                else:
+                    out[where] = self.predict_log_ratio(df.filter(pl.Series(where)))
             return out
-        r = self.model_.predict(self._X(df))
+        return self._bounded(self.model_.predict(self._X(df)))
+
+    def _bounded(self, r: np.ndarray) -> np.ndarray:
         if self.bound:
             r = np.clip(r, *self.bounds_)
         return r
@@ -397,16 +425,19 @@ class Intervals:
 
     def bounds(self, keys: list[str], weight: np.ndarray, unseen: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
-        cache = {k: self._pair(k) for k in set(keys)}
-        pairs = [cache[k] for k in keys]
-        lo_in, hi_in = np.array([p[0][0] for p in pairs]), np.array([p[0][1] for p in pairs])
-        lo_out, hi_out = np.array([p[1][0] for p in pairs]), np.array([p[1][1] for p in pairs])
+        # Each distinct key's bounds once, spread over its rows (a ranking's thousands of rows hold a handful).
+        distinct = list(dict.fromkeys(keys))
+        at = {k: i for i, k in enumerate(distinct)}
+        of = np.fromiter((at[k] for k in keys), dtype=np.int64, count=len(keys))
+        pairs = [self._pair(k) for k in distinct]
+        lo_in, hi_in = np.array([p[0][0] for p in pairs])[of], np.array([p[0][1] for p in pairs])[of]
+        lo_out, hi_out = np.array([p[1][0] for p in pairs])[of], np.array([p[1][1] for p in pairs])[of]
         lo = weight * lo_in + (1.0 - weight) * lo_out
         hi = weight * hi_in + (1.0 - weight) * hi_out
         if unseen is not None and unseen.any() and self.unseen_:
-            u = {k: self._unseen(k) for k in set(keys)}
-            ulo = np.array([u[k][0] if u[k] else 0.0 for k in keys])
-            uhi = np.array([u[k][1] if u[k] else 0.0 for k in keys])
+            u = [self._unseen(k) for k in distinct]
+            ulo = np.array([x[0] if x else 0.0 for x in u])[of]
+            uhi = np.array([x[1] if x else 0.0 for x in u])[of]
             lo = np.where(unseen, np.minimum(lo, ulo), lo)
             hi = np.where(unseen, np.maximum(hi, uhi), hi)
         return lo, hi

@@ -48,19 +48,22 @@ def stall_free_time(b: Bundle, df: pl.DataFrame, t: np.ndarray) -> np.ndarray:
     instead of multiplying compute and communication by it."""
     k = df["k_step_s"].to_numpy()
     ceilings = getattr(b.time_intervals, "outside_keys_", {}) or {}
-    cap = np.full(len(t), np.inf)
-    for i, key in enumerate(b.time.interval_keys(df)):
+    keys = b.time.interval_keys(df)
+    caps: dict[str, float] = {}  # per distinct key (a ranking has a handful)
+    for key in set(keys):
         base, _, regime = key.partition("|")
-        if regime and base in ceilings:
-            cap[i] = 10.0 ** max(ceilings[base][1], 0.0)
+        caps[key] = 10.0 ** max(ceilings[base][1], 0.0) if regime and base in ceilings else np.inf
+    cap = np.array([caps[key] for key in keys], dtype=float) if keys else np.full(len(t), np.inf)
     return np.minimum(t, k * cap)
 
 
-def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described: bool = False) -> pl.DataFrame:
-    """Flat scenario rows -> the same rows with descriptors, the composition and every prediction column."""
+def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described: bool = False,
+                  canon: tuple[pl.DataFrame, np.ndarray] | None = None) -> pl.DataFrame:
+    """Flat scenario rows -> the same rows with descriptors, the composition and every prediction column (`canon`:
+    their canonical plans described, models.compose.compose's)."""
     b = bundle or load_predictor()
     df = flat if described else describe(flat)
-    df = b.compose(df)
+    df = b.compose(df, canon=canon)
     b.check_features(df)
     p = b.apply(df)
     t, mem = p["pred_time_s"], p["pred_mem_gib"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import polars as pl
 
 from perfpredict.core.errors import PerfPredictError
@@ -73,7 +74,8 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
         raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
                                f"{workload.global_batch}: {reasons}")
     bundle = bundle or load_predictor()
-    df = predict_frame(_host_ram_checked(model, cluster, workload, plans, rej), bundle=bundle, described=True)
+    described, canon = _host_ram_checked(model, cluster, workload, plans, rej)
+    df = predict_frame(described, bundle=bundle, described=True, canon=canon)
     # Time to finish: the dataset's samples at the predicted rate, plus the one-off reference pass when the
     # reference log-probs are precomputed (a forward over the dataset at the step's achieved FLOP rate).
     rate = c("d_flops_per_step") / c("step_time_s")
@@ -87,26 +89,42 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
     )
     # Deterministic order: fitting first, then throughput; equal throughput goes to the plan needing less memory,
     # then to the label (so a rerun ranks identically).
-    df = df.sort(["fits", "samples_per_s", "peak_memory_gib", "plan"], descending=[True, True, False, False],
-                 maintain_order=True).with_row_index("rank", offset=1)
+    keys = ["fits", "samples_per_s", "peak_memory_gib", "plan"]
+    kept = [k for k in dict.fromkeys([*RANK_COLUMNS, *keys]) if k in df.columns]  # sort only what the table keeps
+    df = df.select(kept).sort(keys, descending=[True, True, False, False], maintain_order=True).with_row_index(
+        "rank", offset=1)
     return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
                    cluster=cluster, workload=workload, model=model)
 
 
 def _host_ram_checked(model: ModelSpec, cluster: Cluster, workload: Workload, plans, rej: Rejections
-                      ) -> pl.DataFrame:
+                      ) -> tuple[pl.DataFrame, tuple[pl.DataFrame, np.ndarray] | None]:
     """The plans described, less those whose node cannot hold their offloaded states (features.plans
-    .refuse_host_ram, counted in rej); no plan left is the same error as no legal plan."""
+    .refuse_host_ram, counted in rej), and their canonical plans described (models.compose.compose's `canon`;
+    None where they cannot be described together); no plan left is the same error as no legal plan."""
     from perfpredict.features.descriptors import describe
     from perfpredict.features.plans import refuse_host_ram
+    from perfpredict.models.compose import canonical_plans
 
-    described = refuse_host_ram(describe(plans_frame(model, cluster, workload, plans)),
-                                host_ram_gib_per_node=cluster.host_ram_gib_per_node, rej=rej)
+    flat = plans_frame(model, cluster, workload, plans)
+    # The descriptors cost the same for a few rows as for thousands (one pass of expressions): the plans and their
+    # canonical plans are described in one frame.
+    shapes, of_row = canonical_plans(flat)
+    try:
+        both = describe(pl.concat([flat, shapes], how="vertical"))
+        desc, canon = both.head(flat.height), both.tail(shapes.height)
+    except pl.exceptions.SchemaError:
+        desc, canon = describe(flat), None
+    keep = desc.with_row_index("_plan")
+    described = refuse_host_ram(keep, host_ram_gib_per_node=cluster.host_ram_gib_per_node, rej=rej)
+    if canon is not None:
+        canon = (canon, of_row[described["_plan"].to_numpy()])
+    described = described.drop("_plan")
     if not described.height:
         reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
         raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
                                f"{workload.global_batch}: {reasons}")
-    return described
+    return described, canon
 
 
 def host_ram_refused(ranking: Ranking) -> int:
