@@ -52,16 +52,17 @@ def _algo_factor() -> pl.Expr:
             .otherwise(1.0))
 
 
-# A collective's per-message latency (the alpha of alpha-beta), from NCCL's own cost model (src/graph/tuning.cc at
-# NVIDIA/nccl b6475625, ncclTopoTuneModel): time = baseLat[algo][proto] + steps x hwLat[link][algo][proto] + bytes /
-# busBw. The latency-bound sizes run the LL protocol (its latencies are the lowest), so alpha uses LL's figures:
-# baseLat Ring/LL 6.6 us and Tree/LL 6.8 us (tuning.cc lines 56-57), per-hop hwLat Ring/LL 0.6 us over NVLink,
-# 1.0 over PCIe, 2.7 over the network, Tree/LL 0.6 / 1.0 / 5.0 (lines 65-78). Ring steps: 2(n-1) for all-reduce,
-# n-1 for all-gather and reduce-scatter, of which 2 x nodes (all-reduce, nodes > 1) or nodes-1 cross the network;
-# tree all-reduce: 2 x ((ranks per node - 1) intra hops + log2(nodes) network hops); NCCL takes the faster.
-# all-to-all (grouped send/recv, no tuning.cc entry) is charged the all-gather's n-1 steps, send/recv and broadcast
-# one hop: our reading, not NCCL's table. vLLM's custom all-reduce is not NCCL: one barrier and one read of every
-# peer in parallel (csrc/custom_all_reduce.cuh, one-shot), 2 hops with no NCCL base latency.
+# A collective's per-message latency (the alpha of alpha-beta), from NCCL's own cost model (NVIDIA/nccl 5067397c,
+# src/graph/tuning.cc, ncclTopoTuneModel): time = baseLatencies[algo][proto] + steps x hwLatencies[link][algo][proto]
+# + bytes / busBw. The latency-bound sizes run the LL protocol (its latencies are the lowest), so alpha uses LL's
+# figures: base Ring/LL 6.6 us, Tree/LL 6.8 us (line 151); per hop Ring/LL 0.6 us over NVLink, 1.0 over PCIe, 2.7
+# over the network, Tree/LL 0.6 / 1.0 / 5.0 (lines 158-174; unchanged since NCCL 2.19). Ring steps (line 289):
+# 2(n-1) for all-reduce, n-1 for all-gather and reduce-scatter, of which 2(nodes-1) (all-reduce) or nodes-1 cross
+# the network (line 411); tree all-reduce: 2 x ((ranks per node - 1) intra hops + log2(nodes) network hops) (line
+# 416); NCCL runs the faster. all-to-all (grouped send/recv, no tuning.cc entry) is charged the all-gather's n-1
+# steps, send/recv and broadcast one hop: our reading, not NCCL's table. vLLM's custom all-reduce is not NCCL: a
+# barrier, then every peer's buffer read in parallel (csrc/custom_all_reduce.cuh, cross_device_reduce_1stage, the
+# small-message path): 2 hops, no NCCL base.
 NCCL_BASE_LATENCY_US = {"ring": 6.6, "tree": 6.8}
 NCCL_HOP_LATENCY_US = {"ring": {"nvlink": 0.6, "pcie": 1.0, "net": 2.7},
                        "tree": {"nvlink": 0.6, "pcie": 1.0, "net": 5.0}}
@@ -82,7 +83,7 @@ def collective_latency_s() -> pl.Expr:
     op = c("op")
     steps = (pl.when(op == "all_reduce").then(2.0 * (n - 1.0))
              .when(op.is_in(["all_gather", "reduce_scatter", "all_to_all"])).then(n - 1.0).otherwise(1.0))
-    inter = (pl.when(nodes <= 1.0).then(0.0).when(op == "all_reduce").then(2.0 * nodes)
+    inter = (pl.when(nodes <= 1.0).then(0.0).when(op == "all_reduce").then(2.0 * (nodes - 1.0))
              .when(op.is_in(["all_gather", "reduce_scatter", "all_to_all"])).then(nodes - 1.0).otherwise(1.0))
     inter = pl.min_horizontal(inter, steps)
     ring = NCCL_BASE_LATENCY_US["ring"] + (steps - inter) * hop("ring") + inter * net["ring"]
