@@ -130,3 +130,63 @@ def test_evaluate_kernels_cli(tmp_path):
     assert r.exit_code != 0 and "no aiconfigurator probes of ['tpu-v5']" in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["evaluate-kernels", "--data", str(data), "--own-fraction", "2"])
     assert r.exit_code != 0 and "--own-fraction must be between 0 and 1" in r.output
+
+
+def test_collective_latency_is_nccls_alpha():
+    """The collective roofline's per-message latency is NCCL's own cost model (src/graph/tuning.cc, LL protocol):
+    6.6 us base + 0.6 us per NVLink hop / 1.0 per PCIe hop, 2(n-1) ring steps for an all-reduce; across nodes the
+    tree's 6.8 + 2 x (7 x 0.6 + log2(2) x 5.0) = 25.2 us beats the ring's 6.6 + 28 x 0.6 + 2 x 2.7 = 28.8. The
+    smallest measured 8-GPU all-reduces sit near it: H100 15.6 us, L40S 22.6 us (AIConfigurator, 512 B)."""
+    q = _query(hardware=["h100-sxm-80gb", "l40s", "h100-sxm-80gb", "h100-sxm-80gb", "cpu"],
+               op=["all_reduce", "all_reduce", "all_reduce", "all_gather", "all_reduce"], pass_=["comm"] * 5,
+               dtype=["bf16"] * 5, bytes=[512] * 5, world_size=[8, 8, 16, 8, 8], ranks_per_node=[8, 8, 8, 8, 8])
+    lat_us = KernelModel().prepare(q)["k_latency_s"].to_numpy() * 1e6
+    np.testing.assert_allclose(lat_us, [15.0, 20.6, 25.2, 6.6 + 7 * 0.6, 0.0], atol=1e-9)
+    nccl = pl.read_parquet(AIC / "probes_nccl.parquet").filter(
+        (c("op") == "all_reduce") & (c("world_size") == 8) & (c("bytes") == 512) & (c("dtype") == "fp16"))
+    measured = dict(zip(nccl["hardware"], nccl["time_s"] * 1e6, strict=True))
+    assert abs(measured["h100-sxm-80gb"] / 15.0 - 1) < 0.1 and abs(measured["l40s"] / 20.6 - 1) < 0.15
+
+
+def test_models_saved_without_the_latency_record_keep_the_bandwidth_bound():
+    """A bundle fitted before the latency term learned its collective efficiency against bytes / link alone; its
+    families_ record lacks `collective_latency`, so its roofline stays as it was (the shipped predictor predicts as
+    it did until retrained)."""
+    probes = _probes("nccl", 40)
+    km = KernelModel(seed=0, params=SMALL).fit(probes)
+    assert km.families_["collective"]["collective_latency"] is True
+    assert (km.prepare(probes)["k_latency_s"] > 0).all()
+    km.families_ = {k: {f: v for f, v in fam.items() if f != "collective_latency"} for k, fam in km.families_.items()}
+    assert (km.prepare(probes)["k_latency_s"] == 0).all()
+
+
+@pytest.fixture(scope="module")
+def collective_model() -> KernelModel:
+    return KernelModel(seed=0, params=SMALL).fit(
+        pl.concat([_probes("nccl", 200), _probes("custom_allreduce", 60)], how="diagonal_relaxed"))
+
+
+COLL_GPUS = ("h100-sxm-80gb", "b200", "a100-sxm-80gb", "l40s", "rtx-pro-6000", "mi300x", "a10g")
+COLL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "custom_all_reduce")
+
+
+def test_more_link_bandwidth_is_never_slower_with_latency(collective_model):
+    """Physics with the latency term, on 600 random collective queries (NVLink and PCIe GPUs, 2-64 ranks, 256 B to
+    2 GiB, links of 1-2,000 GB/s made 1.01-100x faster): a faster link never makes a collective slower, the
+    efficiency the trees learn does not move with the link (no feature carries it), and no bandwidth makes the
+    bound shorter than NCCL's per-message latency."""
+    rng = np.random.default_rng(0)
+    n = 600
+    world = rng.choice([2, 4, 8, 16, 64], n)
+    base = dict(hardware=rng.choice(COLL_GPUS, n).tolist(), op=rng.choice(COLL_OPS, n).tolist(),
+                pass_=["comm"] * n, dtype=["bf16"] * n, bytes=(2.0 ** rng.uniform(8, 31, n)).astype(np.int64),
+                world_size=world, ranks_per_node=np.minimum(world, 8))
+    link = 10 ** rng.uniform(0, np.log10(2000), n)
+    k = 10 ** rng.uniform(np.log10(1.01), 2, n)
+    slow_q = collective_model.prepare(_query(**base, link_gb_per_s=link))
+    fast_q = collective_model.prepare(_query(**base, link_gb_per_s=link * k))
+    slow, fast = collective_model.predict_prepared(slow_q), collective_model.predict_prepared(fast_q)
+    assert np.all(fast <= slow * (1 + 1e-9))
+    np.testing.assert_allclose(fast / fast_q["roof_s"].to_numpy(), slow / slow_q["roof_s"].to_numpy(), rtol=1e-9)
+    lat = fast_q["k_latency_s"].to_numpy()
+    assert np.all(lat > 0) and np.all(fast_q["roof_s"].to_numpy() >= lat)

@@ -58,6 +58,15 @@ class GPUSpec:
     def is_cpu(self) -> bool:
         return self.vendor == "cpu"
 
+    @property
+    def intra_node_link(self) -> str:
+        """"nvlink" (NVLink, xGMI: a GPU-to-GPU fabric) or "pcie": a card whose intra-node rate is no better than
+        its own PCIe link has no fabric, so its collectives cross PCIe (the catalog's L40S, RTX PRO 6000, A10G).
+        NCCL charges each hop of the two its own latency (models.kernels.NCCL_HOP_LATENCY_US); "none" on CPU hosts."""
+        if self.is_cpu:
+            return "none"
+        return "pcie" if self.pcie_gb_per_s and self.intra_node_bw_gb_per_s <= self.pcie_gb_per_s else "nvlink"
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["sources"] = list(self.sources)

@@ -17,7 +17,8 @@ def hardware_table() -> pl.DataFrame:
                      "hw_fp32_tflops": g.fp32_tflops, "hw_fp8_tflops": g.fp8_tflops or g.bf16_tflops,
                      "hw_hbm_tb_per_s": g.hbm_tb_per_s, "hw_intra_gb_per_s": g.intra_node_bw_gb_per_s,
                      "hw_inter_gb_per_s": g.inter_node_bw_gb_per_s, "hw_memory_gib": g.memory_gib,
-                     "hw_sms": float(g.sms), "hw_l2_mib": g.l2_mib, "hw_is_cpu": g.is_cpu})
+                     "hw_sms": float(g.sms), "hw_l2_mib": g.l2_mib, "hw_is_cpu": g.is_cpu,
+                     "hw_intra_link": g.intra_node_link})
     return pl.DataFrame(rows)
 
 

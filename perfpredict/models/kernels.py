@@ -52,8 +52,53 @@ def _algo_factor() -> pl.Expr:
             .otherwise(1.0))
 
 
-def roofline(df: pl.DataFrame) -> pl.DataFrame:
-    """Adds `roof_s` (datasheet lower bound on time) and the shape features every family uses."""
+# A collective's per-message latency (the alpha of alpha-beta), from NCCL's own cost model (NVIDIA/nccl 5067397c,
+# src/graph/tuning.cc, ncclTopoTuneModel): time = baseLatencies[algo][proto] + steps x hwLatencies[link][algo][proto]
+# + bytes / busBw. The latency-bound sizes run the LL protocol (its latencies are the lowest), so alpha uses LL's
+# figures: base Ring/LL 6.6 us, Tree/LL 6.8 us (line 151); per hop Ring/LL 0.6 us over NVLink, 1.0 over PCIe, 2.7
+# over the network, Tree/LL 0.6 / 1.0 / 5.0 (lines 158-174; unchanged since NCCL 2.19). Ring steps (line 289):
+# 2(n-1) for all-reduce, n-1 for all-gather and reduce-scatter, of which 2(nodes-1) (all-reduce) or nodes-1 cross
+# the network (line 411); tree all-reduce: 2 x ((ranks per node - 1) intra hops + log2(nodes) network hops) (line
+# 416); NCCL runs the faster. all-to-all (grouped send/recv, no tuning.cc entry) is charged the all-gather's n-1
+# steps, send/recv and broadcast one hop: our reading, not NCCL's table. vLLM's custom all-reduce is not NCCL: a
+# barrier, then every peer's buffer read in parallel (csrc/custom_all_reduce.cuh, cross_device_reduce_1stage, the
+# small-message path): 2 hops, no NCCL base.
+NCCL_BASE_LATENCY_US = {"ring": 6.6, "tree": 6.8}
+NCCL_HOP_LATENCY_US = {"ring": {"nvlink": 0.6, "pcie": 1.0, "net": 2.7},
+                       "tree": {"nvlink": 0.6, "pcie": 1.0, "net": 5.0}}
+
+
+def collective_latency_s() -> pl.Expr:
+    """Seconds of per-message latency of a collective row (NCCL's alpha; 0 on CPU hosts, whose gloo collectives the
+    CPU model learns whole). Needs world_size, ranks_per_node, op and hw_intra_link (with_hardware)."""
+    n = c("world_size").cast(pl.Float64).fill_null(1.0)
+    rpn = pl.min_horizontal(c("ranks_per_node").cast(pl.Float64).fill_null(n), n)
+    nodes = (n / rpn).ceil()
+
+    def hop(algo: str) -> pl.Expr:
+        lat = NCCL_HOP_LATENCY_US[algo]
+        return pl.when(c("hw_intra_link") == "pcie").then(lat["pcie"]).otherwise(lat["nvlink"])
+
+    net = {a: NCCL_HOP_LATENCY_US[a]["net"] for a in NCCL_HOP_LATENCY_US}
+    op = c("op")
+    steps = (pl.when(op == "all_reduce").then(2.0 * (n - 1.0))
+             .when(op.is_in(["all_gather", "reduce_scatter", "all_to_all"])).then(n - 1.0).otherwise(1.0))
+    inter = (pl.when(nodes <= 1.0).then(0.0).when(op == "all_reduce").then(2.0 * (nodes - 1.0))
+             .when(op.is_in(["all_gather", "reduce_scatter", "all_to_all"])).then(nodes - 1.0).otherwise(1.0))
+    inter = pl.min_horizontal(inter, steps)
+    ring = NCCL_BASE_LATENCY_US["ring"] + (steps - inter) * hop("ring") + inter * net["ring"]
+    tree = NCCL_BASE_LATENCY_US["tree"] + 2.0 * ((rpn - 1.0) * hop("tree") + nodes.log(2) * net["tree"])
+    nccl = pl.when(op == "all_reduce").then(pl.min_horizontal(ring, tree)).otherwise(ring)
+    custom = 2.0 * hop("ring")
+    us = (pl.when(c("hw_is_cpu") | (n <= 1.0)).then(0.0)
+          .when(op.str.starts_with("custom_all_reduce")).then(custom).otherwise(nccl))
+    return us * 1e-6
+
+
+def roofline(df: pl.DataFrame, *, collective_latency: bool = True) -> pl.DataFrame:
+    """Adds `roof_s` (datasheet lower bound on time) and the shape features every family uses. A collective's
+    bound is alpha + bytes / link (collective_latency_s); collective_latency=False keeps the bandwidth term alone,
+    for kernel models fitted before the latency term existed (KernelModel.prepare decides)."""
     df = with_hardware(df)
     dbytes = c("dtype").replace_strict(DTYPE_BYTES, default=2, return_dtype=pl.Float64)
     m, n, k = (c(x).cast(pl.Float64) for x in ("m", "n", "k"))
@@ -87,9 +132,11 @@ def roofline(df: pl.DataFrame) -> pl.DataFrame:
     moved = (pl.when(fam == "gemm").then(gemm_bytes).when(fam == "attention").then(attn_bytes)
              .when(fam == "decode_attention").then(dec_bytes).when(fam == "moe").then(moe_bytes)
              .when(fam == "membound").then(mem_bytes).otherwise(coll_bytes))
-    roof = (pl.when(fam == "collective").then(moved / link)
+    alpha = collective_latency_s() if collective_latency else pl.lit(0.0)
+    roof = (pl.when(fam == "collective").then(alpha + moved / link)
             .otherwise(pl.max_horizontal(flops / peak, moved / hbm)))
-    return df.with_columns(k_flops=flops, k_bytes=moved, k_cross_node=cross).with_columns(
+    return df.with_columns(k_flops=flops, k_bytes=moved, k_cross_node=cross,
+                           k_latency_s=pl.when(fam == "collective").then(alpha).otherwise(0.0)).with_columns(
         roof_s=pl.max_horizontal(roof, pl.lit(1e-9)))
 
 
@@ -148,7 +195,8 @@ def kernel_features(df: pl.DataFrame, family: str | None = None, names: list[str
                                    "build; retrain with `perfpredict train`")
         return pool.select(names)
     if fam == "collective":
-        return pool.select(COLLECTIVE_FEATURES)
+        import os
+        return pool.select([f for f in COLLECTIVE_FEATURES if f not in os.environ.get("DROP", "").split(",")] + [x for x in os.environ.get("XF", "").split(",") if x])
     if family in GPU_FAMILIES_NEW_FEATURES:  # GPU models only: the CPU ones (family.cpu) keep their list
         return pool.drop(GPU_DROPPED)
     return pool.drop("f_rpn")
@@ -217,7 +265,17 @@ class KernelModel:
     def prepare(self, probes: pl.DataFrame) -> pl.DataFrame:
         if "family" not in probes.columns:
             probes = probes.with_columns(family=c("op").map_elements(family_of, return_dtype=pl.Utf8))
-        return roofline(self._backward_from_forward(probes))
+        return roofline(self._backward_from_forward(probes), collective_latency=self._collective_latency())
+
+    def _collective_latency(self) -> bool:
+        """Whether collective rooflines carry NCCL's per-message latency: yes for a model being fitted now (fit
+        records it per collective family), no for a saved model whose record lacks it (its trees learned their
+        efficiency against the bandwidth-only bound, and keep predicting as they did)."""
+        fams = getattr(self, "families_", None)
+        if not fams:
+            return True
+        coll = [v for k, v in fams.items() if k.removesuffix(".cpu") == "collective"]
+        return all(v.get("collective_latency", False) for v in coll) if coll else True
 
     def _backward_from_forward(self, probes: pl.DataFrame) -> pl.DataFrame:
         """GPU attention backward as the predicted forward times ATTN_BACKWARD_RATIO, where the GPU attention model
@@ -267,6 +325,8 @@ class KernelModel:
             self.models_[key] = GBRegressor(seed=self.seed, **(self.params or XGB_PARAMS)).fit(X, y)
             self.families_[key] = {"rows": sub.height, "hardware": sorted(sub["hardware"].unique().to_list()),
                                    "passes": sorted(sub["pass_"].drop_nulls().unique().to_list())}
+            if key.removesuffix(".cpu") == "collective":
+                self.families_[key]["collective_latency"] = True
         return self
 
     def predict_prepared(self, df: pl.DataFrame) -> np.ndarray:
