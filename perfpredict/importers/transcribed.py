@@ -33,7 +33,9 @@ STATUSES = ("ok", "skip")
 # What a transcribed memory figure is, and the schema's memory_kind it becomes (core.schema LABEL_COLUMNS):
 # ms-swift logs torch.cuda.max_memory_reserved() / 1024**3 as memory(GiB) (swift/trainers/patcher.py,
 # swift/megatron/callbacks/print.py), i.e. the allocator's reserved peak, not the tensors' allocated peak.
-MEMORY_KINDS = {"reserved": "reported"}
+# Liger-Kernel's EfficiencyCallback logs torch.cuda.memory.max_memory_allocated() (examples/huggingface/callback.py),
+# the tensors' allocated peak: cuda_max_allocated.
+MEMORY_KINDS = {"reserved": "reported", "allocated": "cuda_max_allocated"}
 
 
 @dataclass(frozen=True)
