@@ -19,7 +19,8 @@ UPSTREAM = Upstream(folder="liger_hf_examples", repo="linkedin/Liger-Kernel",
 SECTION = """\
 # Liger-Kernel Hugging Face example logs: FSDP1 SFT step time and allocated peak (4 x A100)
 
-What: Liger-Kernel (github.com/linkedin/Liger-Kernel, BSD-2-Clause) committed, in September 2024, the training logs
+What: Liger-Kernel (github.com/linkedin/Liger-Kernel, read at 1dce7fd4c945cada18b6a86be0050cd03de21180, the last
+commit holding every log; license BSD-2-Clause) committed, in September 2024, the training logs
 of its Hugging Face example (`examples/huggingface/results/<model>_use_liger_<bool>_patching_type_<how>.log`, added
 at 92047d9e..1dce7fd4, 2024-09-10..12, removed again at 99f801c2 "Clean up"): ten steps of TRL's SFTTrainer per
 model, with and without Liger's kernels, each step logged by the example's EfficiencyCallback
