@@ -12,8 +12,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfpredict.importers import (aiconfigurator, azure, liger_examples, msswift, nemo_automodel, playbook, vidur,
-                                  vtrain)
+from perfpredict.importers import (
+    aiconfigurator,
+    azure,
+    liger_examples,
+    msswift,
+    nemo_automodel,
+    playbook,
+    vidur,
+    vtrain,
+)
 
 IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure,
              "aiconfigurator": aiconfigurator}

@@ -27,8 +27,8 @@ model, with and without Liger's kernels, each step logged by the example's Effic
 (examples/huggingface/callback.py): `step_time_sec` (perf_counter around the optimizer step),
 `avg_step_time_sec` (mean over the steps after the first), `step_peak_memory_allocated_MB` (torch.cuda
 max_memory_allocated after reset_peak_memory_stats at each step begin, MiB) and `num_input_tokens_seen` (the
-Trainer's count of input ids, gathered over the 4 ranks, padding included). Transcribed by
-`python` from the logs into `transcribed.csv` (one row per log: path, the log lines read, the commit that added it,
+Trainer's count of input ids, gathered over the 4 ranks, padding included). Transcribed from the logs by
+`transcribe.py` (in this folder, run in a clone) into `transcribed.csv` (one row per log: path, the log lines read, the commit that added it,
 the quoted figures); imported by `perfpredict.importers.liger_examples` into `runs.parquet`.
 
 ## Plan fields (from the committed launch script and config)
