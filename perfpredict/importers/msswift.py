@@ -94,6 +94,11 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
   materialised; the plan schema has no field for it (the `kernels` column and the row note say so). The
   `liger/sft.sh` pair (42 vs 54 GB, same plan otherwise) measures exactly that difference.
 - Packs are "about" max_length: the last pack of an epoch and packs the bin-packer could not fill are shorter.
+  The long-text rows suggest much shorter: taken as full, `packing-liger-16k` (10 s/it for 2 x 16,384 tokens per
+  A100) and `fa3-transformers-fa2` (35.5 s/it for 4 x 16,384 per H20) would run at about 72 % and 86 % of the dense
+  BF16 peak in model FLOPs (6 N per token plus the recomputed forward and causal attention), beyond what ZeRO-3
+  with full recompute reaches; LongAlpaca-12k's samples (the H20 script's dataset) are long enough that many
+  16K packs hold one sample. Their step-time labels therefore overstate the tokens per step by an unknown factor.
 
 ## Not imported
 
