@@ -260,3 +260,84 @@ def test_liger_skips_diverged_and_duplicate_runs():
     assert rows["gemma2-liger-True-pre-init"]["status"] == "skip" and "diverged" in rows["gemma2-liger-True-pre-init"]["skip_reason"]
     assert rows["llama-liger-True-post-init-class"]["status"] == "skip"  # a twin of the imported pre-init row
     assert sum(r["status"] == "ok" for r in rows.values()) == 10
+
+
+# The fused head (plan fused_head: Liger's fused linear cross entropy) on the rows that ran it.
+FUSED_ROWS = {("msswift_examples", "packing-liger-16k"), ("msswift_examples", "liger-sft-8k-liger"),
+              ("msswift_examples", "fa3-transformers-fa2"), ("liger_hf_examples", "llama-liger-True-pre-init"),
+              ("liger_hf_examples", "mistral-liger-True-pre-init"), ("liger_hf_examples", "qwen2-liger-True-pre-init"),
+              ("liger_hf_examples", "phi3-liger-True-pre-init")}
+
+
+@pytest.mark.parametrize("folder", SOURCES)
+def test_fused_head_marks_the_liger_runs(folder):
+    df = pl.read_parquet(COMMITTED / folder / "runs.parquet")
+    fused = set(df.filter(pl.col("p_fused_head").fill_null(False))["transcribed_row"].to_list()) \
+        if "p_fused_head" in df.columns else set()
+    assert fused == {r for f, r in FUSED_ROWS if f == folder}
+    for r in df.filter(pl.col("transcribed_row").is_in(list(fused))).iter_rows(named=True):
+        assert "liger" in r["kernels"]
+    # Gemma 2's Liger patch at 1dce7fd4 applies Liger's cross entropy only (monkey_patch.py:322-350): not fused
+    if folder == "liger_hf_examples":
+        assert "gemma2-liger-True-post-init-class" not in fused
+
+
+def test_fused_head_bytes_follow_liger_chunking():
+    """liger_kernel/ops/fused_linear_cross_entropy.py:68-69: chunk = next_power_of_2(ceil(BT / ceil(V / H))). Qwen2.5-7B
+    (V 152,064, H 3,584) on a 16,384-token pack: ceil(V/H) = 43, ceil(16384 / 43) = 382 -> 512 rows; the head then
+    holds 512 x V x 6 B + BT x H x 2 B (grad_input) + V x H x 2 B (grad_weight) instead of BT x V x 10 B of logits."""
+    from perfpredict.features.memory import fused_head_bytes, liger_chunk_rows
+
+    df = pl.DataFrame({"bt": [16384.0, 7808.0, 1.0], "v": [152064.0, 128256.0, 152064.0], "h": [3584.0, 4096.0, 3584.0]})
+    out = df.select(rows=liger_chunk_rows(pl.col("bt"), pl.col("v"), pl.col("h")),
+                    b=fused_head_bytes(pl.col("bt"), pl.col("v"), pl.col("h")))
+    assert out["rows"].to_list() == [512.0, 256.0, 1.0]  # 7808 / ceil(128256/4096 = 31.3) = 244 -> 256; never > BT
+    assert out["b"][0] == 512 * 152064 * 6 + 16384 * 3584 * 2 + 152064 * 3584 * 2
+    assert out["b"][0] / 2**30 == pytest.approx(1.56, abs=0.01) and 16384 * 152064 * 10 / 2**30 == pytest.approx(23.2, abs=0.05)
+
+
+def test_composition_drops_the_logits_under_a_fused_head():
+    """The same run with and without fused_head: only the head term changes (23.2 -> 1.6 GiB for the 16K row)."""
+    from perfpredict.features.descriptors import describe
+    from perfpredict.models.bundle import default_bundle
+
+    runs = pl.read_parquet(COMMITTED / "msswift_examples" / "runs.parquet").filter(
+        pl.col("transcribed_row") == "packing-liger-16k")
+    assert runs.height == 1 and runs["p_fused_head"][0]
+    comp = default_bundle().compose(describe(pl.concat([runs, runs.with_columns(p_fused_head=pl.lit(False))])))
+    fused, plain = comp.row(0, named=True), comp.row(1, named=True)
+    assert fused["d_peak_logits_gib"] == pytest.approx(1.56, abs=0.01)
+    assert plain["d_peak_logits_gib"] == pytest.approx(23.2, abs=0.05)
+    assert plain["d_mem_gib"] - fused["d_mem_gib"] == pytest.approx(23.2 - 1.56, abs=0.05)
+    assert fused["d_peak_states_gib"] == plain["d_peak_states_gib"]
+    # measured 42 GiB (reserved): the composition moved from +42 % to -10 %, the rest is named in docs/finetune-memory.md
+    assert fused["d_mem_gib"] == pytest.approx(37.9, abs=0.1)
+
+
+def test_fused_head_is_refused_where_the_head_is_modelled_otherwise():
+    from perfpredict.core.frameworks import why_not
+    from perfpredict.core.plan import Plan
+
+    assert "vocab-parallel fused cross entropy" in why_not(Plan(framework="megatron", fused_head=True))
+    assert "TRL path" in why_not(Plan(framework="trl", fused_head=True))
+    assert why_not(Plan(framework="deepspeed", dp=4, zero=3, fused_head=True)) is None
+    assert Plan(framework="deepspeed").to_dict() == {k: v for k, v in Plan(framework="deepspeed").to_dict().items()
+                                                     if k != "fused_head"}  # run ids of older rows stay the same
+    with pytest.raises(PerfPredictError, match="fused_head must be true or false"):
+        Plan(framework="deepspeed", fused_head="yes")
+
+
+def test_emit_writes_use_liger_kernel_for_a_fused_head():
+    from dataclasses import replace
+
+    from perfpredict.core.catalog import get_gpu, get_model
+    from perfpredict.core.hardware import Cluster
+    from perfpredict.core.plan import Plan
+    from perfpredict.core.workload import Workload
+    from perfpredict.predictor.emit import emit
+
+    kw = dict(model=get_model("qwen2.5-7b"), cluster=Cluster(gpu=get_gpu("a100-sxm-80gb"), gpus_per_node=4, nodes=1),
+              workload=Workload(objective="dpo", seq_len=4096, global_batch=8, precision="bf16"))
+    plan = Plan(framework="deepspeed", dp=4, zero=3, micro_batch=1, grad_accum=2, recompute="full", fused_head=True)
+    assert '"use_liger_kernel": true' in emit("deepspeed", plan=plan, **kw)["trl_dpo_args.json"]
+    assert "use_liger_kernel" not in emit("deepspeed", plan=replace(plan, fused_head=False), **kw)["trl_dpo_args.json"]

@@ -70,10 +70,12 @@ the quoted figures); imported by `perfpredict.importers.liger_examples` into `ru
 
 - Padded batches of varying length: see seq_len above. The step time is the slowest rank's (FSDP synchronises every
   layer), whose batch was at least the mean length.
-- The Liger rows (`-liger-True-pre-init`, and gemma2's `post-init-class`) apply Liger's RMSNorm, RoPE, SwiGLU and
-  fused linear cross entropy (the LM head and the loss in chunks, no full logits); the plan schema has no field for
-  it, so the `kernels` column and the row note say so, as in msswift_examples. Mistral's memory is the same with and
-  without Liger (34,548 MiB): its peak is not at the logits with a 32K vocabulary.
+- The Liger rows (`-liger-True-pre-init`) apply Liger's RMSNorm, RoPE, SwiGLU and fused linear cross entropy (the
+  LM head and the loss in chunks, no full logits): plan `fused_head` true. Gemma 2's patch at these commits applies
+  Liger's cross entropy only, not the fused head (`apply_liger_kernel_to_gemma2(cross_entropy=True)`,
+  src/liger_kernel/transformers/monkey_patch.py:322-350), so gemma2's `post-init-class` row keeps `fused_head`
+  false with `liger` in its `kernels`. Mistral's memory is the same with and without Liger (34,548 MiB): its peak
+  is the optimizer step's (docs/finetune-memory.md), not the logits of a 32K vocabulary.
 - Ten steps each, a short run: the patching-method twins of one plan differ by up to 20 % in step time (e.g. llama
   2.82-3.01 s, mistral 3.03-3.54 s), which bounds what any predictor can match on a single row.
 - The example pins transformers 4.44.2 (requirements.txt); torch, accelerate and TRL versions are not stated.

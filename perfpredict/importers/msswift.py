@@ -91,8 +91,9 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
   (2025-05-08, "fix sequence_parallel"). The later figure is imported; the change shows how much version drift
   moves these labels.
 - Liger-Kernel (`--use_liger_kernel true`) fuses the LM head with the cross entropy, so the full logits are never
-  materialised; the plan schema has no field for it (the `kernels` column and the row note say so). The
-  `liger/sft.sh` pair (42 vs 54 GB, same plan otherwise) measures exactly that difference.
+  materialised: those rows carry the plan's `fused_head` (transcribed.csv column `fused_head`; the composition
+  charges Liger's chunked head instead of the logits, features.memory.fused_head_bytes). The `liger/sft.sh` pair
+  (42 vs 54 GB, otherwise the same plan) measures exactly that difference.
 - Packs are "about" max_length: the last pack of an epoch and packs the bin-packer could not fill are shorter.
   The long-text rows suggest much shorter: taken as full, `packing-liger-16k` (10 s/it for 2 x 16,384 tokens per
   A100) and `fa3-transformers-fa2` (35.5 s/it for 4 x 16,384 per H20) would run at about 72 % and 86 % of the dense

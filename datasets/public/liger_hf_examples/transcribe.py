@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 C = "1dce7fd4c945cada18b6a86be0050cd03de21180"  # the last commit holding every log
-COLS = ("row_id","upstream_path","upstream_lines","upstream_commit","header_date","status","skip_reason","quote","model","gpu","gpus_per_node","nodes","intra_node_bw_gb_per_s","objective","framework","zero","tp","pp","cp","dp","ep","sequence_parallel","recompute","micro_batch","grad_accum","seq_len","optimizer_offload","step_time_s","peak_memory_gib","memory_kind","kernels")
+COLS = ("row_id","upstream_path","upstream_lines","upstream_commit","header_date","status","skip_reason","quote","model","gpu","gpus_per_node","nodes","intra_node_bw_gb_per_s","objective","framework","zero","tp","pp","cp","dp","ep","sequence_parallel","recompute","micro_batch","grad_accum","seq_len","optimizer_offload","step_time_s","peak_memory_gib","memory_kind","kernels", "fused_head")
 def git(*a):
     return subprocess.run(["git",*a],capture_output=True,text=True,check=True).stdout
 # model_type: (catalog model, per-device batch, why that batch)
@@ -72,7 +72,10 @@ for f in files:
                  recompute="full", micro_batch=str(bs), grad_accum="1", seq_len=str(seq), optimizer_offload="false",
                  step_time_s=str(last["avg_step_time_sec"]),
                  peak_memory_gib=f"{last['total_peak_memory_allocated_MB'] / 1024:.4f}", memory_kind="allocated",
-                 kernels=("liger" if liger else "") + ("+" if liger else "") + "sdpa+padded_batches")
+                 kernels=("liger" if liger else "") + ("+" if liger else "") + "sdpa+padded_batches",
+                 # Liger's fused linear cross entropy: every patched model here but Gemma 2, whose patch at C applies
+                 # Liger's cross entropy only (monkey_patch.py:322-350)
+                 fused_head="true" if liger and mt != "gemma2" else "false")
     rows.append(r)
 out = io.StringIO()
 w = csv.DictWriter(out, fieldnames=COLS, lineterminator="\n")
