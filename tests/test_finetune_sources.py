@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from perfpredict.cli import app
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
-from perfpredict.importers import TRANSCRIBED, import_public, msswift, nemo_automodel
+from perfpredict.importers import TRANSCRIBED, import_public, liger_examples, msswift, nemo_automodel
 from perfpredict.importers.transcribed import CSV_NAME, read_rows, scenario_of
 from perfpredict.train.evaluate import held_out_sources
 
@@ -36,7 +36,8 @@ def _row(folder: str, row_id: str) -> dict:
 
 def test_reimport_reproduces_the_committed_files(reimported):
     out, counts = reimported
-    assert counts == {"msswift_examples/runs.parquet": 8, "nemo_automodel/runs.parquet": 1}
+    assert counts == {"msswift_examples/runs.parquet": 9, "nemo_automodel/runs.parquet": 1,
+                      "liger_hf_examples/runs.parquet": 10}
     for folder in SOURCES:
         fresh = pl.read_parquet(out / folder / "runs.parquet")
         assert fresh.equals(pl.read_parquet(COMMITTED / folder / "runs.parquet")), f"{folder}: rerun the importer"
@@ -47,7 +48,7 @@ def test_reimport_reproduces_the_committed_files(reimported):
 def test_source_md_names_upstream_license_and_every_row(folder):
     text = (COMMITTED / folder / "SOURCE.md").read_text()
     mod = TRANSCRIBED[folder]
-    assert mod.UPSTREAM.repo in text and mod.UPSTREAM.commit in text and "Apache-2.0" in text
+    assert mod.UPSTREAM.repo in text and mod.UPSTREAM.commit in text and mod.UPSTREAM.license in text
     for _, r in read_rows(COMMITTED / folder):
         assert f"`{r['row_id']}`" in text
         if r["status"] == "skip":
@@ -149,7 +150,7 @@ def test_held_out_sources_scores_the_shipped_predictor():
     m = res["metrics"]
     assert set(m["split"].to_list()) == {"source", "source:model"}
     by_source = {r["source"]: r for r in m.filter(pl.col("split") == "source").iter_rows(named=True)}
-    assert by_source["msswift_examples"]["time_n"] == 6 and by_source["msswift_examples"]["mem_n"] == 7
+    assert by_source["msswift_examples"]["time_n"] == 7 and by_source["msswift_examples"]["mem_n"] == 8
     assert by_source["nemo_automodel"]["time_n"] == 1
     for r in by_source.values():
         assert r["time_composed_mape"] == r["time_composed_mape"]  # the composition is scored beside it (not NaN)
@@ -176,6 +177,7 @@ def test_cli_held_out_source():
 
 def test_module_specs_point_at_their_folders():
     assert msswift.UPSTREAM.folder == "msswift_examples" and nemo_automodel.UPSTREAM.folder == "nemo_automodel"
+    assert liger_examples.UPSTREAM.folder == "liger_hf_examples"
 
 
 def test_refit_fits_without_the_held_out_sources(monkeypatch):
@@ -216,3 +218,126 @@ def test_import_public_names_a_missing_transcription(tmp_path):
     with pytest.raises(FileNotFoundError, match="transcription is committed"):
         import_public(shared_root=tmp_path, out_root=tmp_path, only=["nemo_automodel"], transcribed_root=tmp_path)
 
+
+def test_msswift_h20_reference_numbers():
+    # examples/train/flash_attention_3/transformers.sh:1-2 "# test_env: 4 * H20 / # fa2: 4 * 43GiB; 35.5s/it" with
+    # --deepspeed zero3 --per_device_train_batch_size 1 --gradient_accumulation_steps 4 --packing true
+    # --max_length 16384 --use_liger_kernel true; catalog h20: 96 GiB, 148 dense BF16 TFLOPS (perfpredict/catalog/gpus/h20.json)
+    r = _row("msswift_examples", "fa3-transformers-fa2")
+    assert (r["g_name"], r["c_gpus"], r["p_framework"], r["p_zero"], r["p_dp"], r["p_grad_accum"]) == ("h20", 4, "deepspeed", 3, 4, 4)
+    assert (r["w_seq_len"], r["w_global_batch"], r["step_time_s"], r["peak_memory_gib"]) == (16384, 16, 35.5, 43.0)
+    assert r["memory_kind"] == "reported" and "liger" in r["kernels"]
+
+
+# Liger-Kernel examples/huggingface/results/*.log (EfficiencyCallback, transformers 4.44.2, FSDP1 full_shard with
+# activation checkpointing on 4 A100): the last logged step's avg_step_time_sec and total_peak_memory_allocated_MB.
+LIGER_REFERENCE = [
+    # row, model, per-device batch, 'avg_step_time_sec', 'total_peak_memory_allocated_MB', tokens after step 1 and N, steps
+    ("llama-liger-False-None", "llama-3.1-8b", 32, 3.08, 43280.77, 28672, 309248, 9),
+    ("llama-liger-True-pre-init", "llama-3.1-8b", 32, 2.82, 38307.87, 45568, 353280, 9),
+    ("mistral-liger-False-None", "mistral-7b", 32, 3.6, 34547.91, 40960, 396800, 9),
+    ("qwen2-liger-False-None", "qwen2.5-7b", 24, 2.04, 41293.44, 39168, 127104, 4),
+    ("phi3-liger-True-pre-init", "phi-3-mini", 128, 10.56, 42812.34, 217088, 2154496, 9),
+    ("gemma2-liger-False-None", "gemma-2-2b", 32, 3.1, 66926.17, 38912, 760832, 19),
+]
+
+
+@pytest.mark.parametrize("row_id,model,batch,step_s,alloc_mib,tok_first,tok_last,steps", LIGER_REFERENCE)
+def test_liger_reference_numbers(row_id, model, batch, step_s, alloc_mib, tok_first, tok_last, steps):
+    r = _row("liger_hf_examples", row_id)
+    assert (r["m_name"], r["g_name"], r["c_gpus"], r["p_framework"], r["p_zero"], r["p_dp"]) == \
+        (model, "a100-sxm-80gb", 4, "fsdp", 3, 4)
+    assert (r["p_micro_batch"], r["p_grad_accum"], r["p_recompute"], r["w_objective"]) == (batch, 1, "full", "sft")
+    # seq_len: the mean padded length over the averaged steps (num_input_tokens_seen counts padding, all 4 ranks)
+    assert r["w_seq_len"] == round((tok_last - tok_first) / steps / (4 * batch))
+    assert r["step_time_s"] == pytest.approx(step_s)
+    assert r["peak_memory_gib"] == pytest.approx(alloc_mib / 1024, abs=1e-4)
+    assert r["memory_kind"] == "cuda_max_allocated" and r["peak_reserved_gib"] is None
+
+
+def test_liger_skips_diverged_and_duplicate_runs():
+    rows = {r["row_id"]: r for _, r in read_rows(COMMITTED / "liger_hf_examples")}
+    assert rows["gemma2-liger-True-pre-init"]["status"] == "skip" and "diverged" in rows["gemma2-liger-True-pre-init"]["skip_reason"]
+    assert rows["llama-liger-True-post-init-class"]["status"] == "skip"  # a twin of the imported pre-init row
+    assert sum(r["status"] == "ok" for r in rows.values()) == 10
+
+
+# The fused head (plan fused_head: Liger's fused linear cross entropy) on the rows that ran it.
+FUSED_ROWS = {("msswift_examples", "packing-liger-16k"), ("msswift_examples", "liger-sft-8k-liger"),
+              ("msswift_examples", "fa3-transformers-fa2"), ("liger_hf_examples", "llama-liger-True-pre-init"),
+              ("liger_hf_examples", "mistral-liger-True-pre-init"), ("liger_hf_examples", "qwen2-liger-True-pre-init"),
+              ("liger_hf_examples", "phi3-liger-True-pre-init")}
+
+
+@pytest.mark.parametrize("folder", SOURCES)
+def test_fused_head_marks_the_liger_runs(folder):
+    df = pl.read_parquet(COMMITTED / folder / "runs.parquet")
+    fused = set(df.filter(pl.col("p_fused_head").fill_null(False))["transcribed_row"].to_list()) \
+        if "p_fused_head" in df.columns else set()
+    assert fused == {r for f, r in FUSED_ROWS if f == folder}
+    for r in df.filter(pl.col("transcribed_row").is_in(list(fused))).iter_rows(named=True):
+        assert "liger" in r["kernels"]
+    # Gemma 2's Liger patch at 1dce7fd4 applies Liger's cross entropy only (monkey_patch.py:322-350): not fused
+    if folder == "liger_hf_examples":
+        assert "gemma2-liger-True-post-init-class" not in fused
+
+
+def test_fused_head_bytes_follow_liger_chunking():
+    """liger_kernel/ops/fused_linear_cross_entropy.py:68-69: chunk = next_power_of_2(ceil(BT / ceil(V / H))). Qwen2.5-7B
+    (V 152,064, H 3,584) on a 16,384-token pack: ceil(V/H) = 43, ceil(16384 / 43) = 382 -> 512 rows; the head then
+    holds 512 x V x 6 B + BT x H x 2 B (grad_input) + V x H x 2 B (grad_weight) instead of BT x V x 10 B of logits."""
+    from perfpredict.features.memory import fused_head_bytes, liger_chunk_rows
+
+    df = pl.DataFrame({"bt": [16384.0, 7808.0, 1.0], "v": [152064.0, 128256.0, 152064.0], "h": [3584.0, 4096.0, 3584.0]})
+    out = df.select(rows=liger_chunk_rows(pl.col("bt"), pl.col("v"), pl.col("h")),
+                    b=fused_head_bytes(pl.col("bt"), pl.col("v"), pl.col("h")))
+    assert out["rows"].to_list() == [512.0, 256.0, 1.0]  # 7808 / ceil(128256/4096 = 31.3) = 244 -> 256; never > BT
+    assert out["b"][0] == 512 * 152064 * 6 + 16384 * 3584 * 2 + 152064 * 3584 * 2
+    assert out["b"][0] / 2**30 == pytest.approx(1.56, abs=0.01) and 16384 * 152064 * 10 / 2**30 == pytest.approx(23.2, abs=0.05)
+
+
+def test_composition_drops_the_logits_under_a_fused_head():
+    """The same run with and without fused_head: only the head term changes (23.2 -> 1.6 GiB for the 16K row)."""
+    from perfpredict.features.descriptors import describe
+    from perfpredict.models.bundle import default_bundle
+
+    runs = pl.read_parquet(COMMITTED / "msswift_examples" / "runs.parquet").filter(
+        pl.col("transcribed_row") == "packing-liger-16k")
+    assert runs.height == 1 and runs["p_fused_head"][0]
+    comp = default_bundle().compose(describe(pl.concat([runs, runs.with_columns(p_fused_head=pl.lit(False))])))
+    fused, plain = comp.row(0, named=True), comp.row(1, named=True)
+    assert fused["d_peak_logits_gib"] == pytest.approx(1.56, abs=0.01)
+    assert plain["d_peak_logits_gib"] == pytest.approx(23.2, abs=0.05)
+    assert plain["d_mem_gib"] - fused["d_mem_gib"] == pytest.approx(23.2 - 1.56, abs=0.05)
+    assert fused["d_peak_states_gib"] == plain["d_peak_states_gib"]
+    # measured 42 GiB (reserved): the composition moved from +42 % to -10 %, the rest is named in docs/finetune-memory.md
+    assert fused["d_mem_gib"] == pytest.approx(37.9, abs=0.1)
+
+
+def test_fused_head_is_refused_where_the_head_is_modelled_otherwise():
+    from perfpredict.core.frameworks import why_not
+    from perfpredict.core.plan import Plan
+
+    assert "vocab-parallel fused cross entropy" in why_not(Plan(framework="megatron", fused_head=True))
+    assert "TRL path" in why_not(Plan(framework="trl", fused_head=True))
+    assert why_not(Plan(framework="deepspeed", dp=4, zero=3, fused_head=True)) is None
+    assert Plan(framework="deepspeed").to_dict() == {k: v for k, v in Plan(framework="deepspeed").to_dict().items()
+                                                     if k != "fused_head"}  # run ids of older rows stay the same
+    with pytest.raises(PerfPredictError, match="fused_head must be true or false"):
+        Plan(framework="deepspeed", fused_head="yes")
+
+
+def test_emit_writes_use_liger_kernel_for_a_fused_head():
+    from dataclasses import replace
+
+    from perfpredict.core.catalog import get_gpu, get_model
+    from perfpredict.core.hardware import Cluster
+    from perfpredict.core.plan import Plan
+    from perfpredict.core.workload import Workload
+    from perfpredict.predictor.emit import emit
+
+    kw = dict(model=get_model("qwen2.5-7b"), cluster=Cluster(gpu=get_gpu("a100-sxm-80gb"), gpus_per_node=4, nodes=1),
+              workload=Workload(objective="dpo", seq_len=4096, global_batch=8, precision="bf16"))
+    plan = Plan(framework="deepspeed", dp=4, zero=3, micro_batch=1, grad_accum=2, recompute="full", fused_head=True)
+    assert '"use_liger_kernel": true' in emit("deepspeed", plan=plan, **kw)["trl_dpo_args.json"]
+    assert "use_liger_kernel" not in emit("deepspeed", plan=replace(plan, fused_head=False), **kw)["trl_dpo_args.json"]

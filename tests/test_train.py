@@ -20,7 +20,7 @@ runner = CliRunner()
 MEASURED_SOURCES = {"ours-cpu", "ours-gpu", "vtrain", "ultrascale_playbook", "vidur", "azure_ai_benchmarking",
                     "aiconfigurator",
                     # published GPU fine-tuning runs transcribed from upstream text (tests/test_finetune_sources.py)
-                    "msswift_examples", "nemo_automodel"}
+                    "msswift_examples", "nemo_automodel", "liger_hf_examples"}
 
 
 @pytest.fixture(scope="module")

@@ -572,6 +572,14 @@ def _table_refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str
         return no(f"{who} has no expert parallelism (ep={plan.ep})", f"{name} has no expert parallelism")
     if plan.sequence_parallel and not cap.sequence_parallel:
         return no(f"{who} has no sequence parallelism", f"{name} has no sequence parallelism")
+    # fused_head is Liger's chunked head and loss on a Hugging Face model (features.memory.activations): Megatron and
+    # nanotron have their own vocab-parallel fused cross entropy (already their head), and the TRL family's head is
+    # modelled by its own path (features.trl), which has no Liger variant yet.
+    if plan.fused_head and (runtime_of(name).fused_vocab_ce or cap.family == "trl"):
+        why = ("its vocab-parallel fused cross entropy is its head already" if runtime_of(name).fused_vocab_ce
+               else "its head is modelled by the TRL path, which has no Liger variant yet")
+        return no(f"{who} takes no fused_head (Liger's chunked head for Hugging Face models): {why}",
+                  f"{name}: no fused_head")
     if plan.pp > 1 and cap.pp_alone and (plan.tp > 1 or plan.dp > 1):
         return no(f"{who} builds pipeline parallelism alone (tp = dp = 1)",
                   f"{name} builds pipeline parallelism alone (tp = dp = 1)")

@@ -13,7 +13,7 @@ FRAMEWORKS = RANKABLE  # what the predictor models; the capability table (core.f
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 # Fields added after datasets were collected: left out of to_dict() at their defaults so a plan's dict (and the
 # run_ids hashed from it) stays what it was.
-_NEW_FIELDS = {"ep": 1, "param_offload": False, "stage_layers": ()}
+_NEW_FIELDS = {"ep": 1, "param_offload": False, "stage_layers": (), "fused_head": False}
 MAX_DEGREE = 1 << 20  # no parallel degree, batch or accumulation count beyond this (a million GPUs)
 
 
@@ -35,6 +35,9 @@ class Plan:
     ep: int = 1  # expert parallelism (MoE): expert groups carved out of dp
     param_offload: bool = False  # ZeRO-3 offload_param (ZeRO-Infinity): parameters live in host memory
     stage_layers: tuple[int, ...] = ()  # layers per pipeline stage, first to last; () = an even split
+    # The LM head and its loss run fused in chunks (Liger-Kernel's fused linear cross entropy: TRL/transformers
+    # `use_liger_kernel`, ms-swift `--use_liger_kernel`): the full-vocabulary logits are never materialised.
+    fused_head: bool = False
 
     def __post_init__(self) -> None:
         if not self._plainly_valid():
@@ -57,7 +60,7 @@ class Plan:
         sl = self.stage_layers
         return (type(self.zero) is int and self.zero in (0, 1, 2, 3)
                 and type(self.sequence_parallel) is bool and type(self.optimizer_offload) is bool
-                and type(self.param_offload) is bool
+                and type(self.param_offload) is bool and type(self.fused_head) is bool
                 and self.recompute in RECOMPUTE and type(self.recompute) is str
                 and self.schedule in SCHEDULES and type(self.schedule) is str
                 and type(self.framework) is str and self.framework in FRAMEWORKS
@@ -73,7 +76,7 @@ class Plan:
                     f"plan {f} must be an integer in 1..{MAX_DEGREE}, got {v!r}")
         require(isinstance(self.zero, int) and not isinstance(self.zero, bool) and self.zero in (0, 1, 2, 3),
                 f"plan zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        for f in ("sequence_parallel", "optimizer_offload", "param_offload"):
+        for f in ("sequence_parallel", "optimizer_offload", "param_offload", "fused_head"):
             require(isinstance(getattr(self, f), bool), f"plan {f} must be true or false, got {getattr(self, f)!r}")
         for f, accepted in (("recompute", RECOMPUTE), ("schedule", SCHEDULES)):
             v = getattr(self, f)
@@ -113,6 +116,8 @@ class Plan:
             parts.append(self.schedule + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""))
         if self.stage_layers:
             parts.append("stages[" + ",".join(map(str, self.stage_layers)) + "]")
+        if self.fused_head:
+            parts.append("fused-head")
         return f"{self.framework}:" + " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

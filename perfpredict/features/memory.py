@@ -23,7 +23,7 @@ def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
     from perfpredict.core.frameworks import RUNTIME
     from perfpredict.core.scenario import PLAN_COLUMN_DEFAULTS
 
-    dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8}
+    dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean}
     df = df.with_columns([
         (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
         for k, v in PLAN_COLUMN_DEFAULTS.items()])
@@ -184,7 +184,7 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     # Megatron/nanotron's fused vocab-parallel cross entropy keeps the fp32 softmax only.
     hf = runtime_is(lambda r: not r.fused_vocab_ce)
     logit_bpe = pl.when(hf).then(10.0).otherwise(6.0)
-    logits = s * b * v / t * logit_bpe
+    logits = pl.when(c("p_fused_head")).then(fused_head_bytes(s * b, v / t, h)).otherwise(s * b * v / t * logit_bpe)
     # The second stage keeps one micro-batch fewer in flight under 1F1B; with an uneven split it may hold the most
     # layers (a middle stage), so it can be the peak rank.
     inflight_mid = (pl.when(c("p_pp") <= 2).then(0.0)
@@ -198,6 +198,25 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
         d_act_mid=per_layer * c("d_layers_max") * inflight_mid + recompute_transient,
         d_logits_bytes=logits,
     )
+
+
+def liger_chunk_rows(bt: pl.Expr, v: pl.Expr, h: pl.Expr) -> pl.Expr:
+    """Rows of one chunk of Liger's fused linear cross entropy: next_power_of_2(ceil(BT / ceil(V / H))), at most BT
+    (liger_kernel/ops/fused_linear_cross_entropy.py:68-69 at ead96b61; the same rule at 1dce7fd4, 2024-09)."""
+    inc = (v / h).ceil()
+    rows = (bt / inc).ceil().clip(lower_bound=1.0)
+    return pl.min_horizontal(2.0 ** rows.log(2.0).ceil(), bt)
+
+
+def fused_head_bytes(bt: pl.Expr, v: pl.Expr, h: pl.Expr) -> pl.Expr:
+    """What the head holds when it runs as Liger's fused linear cross entropy (plan fused_head) instead of
+    materialising BT x V logits: the forward computes the loss and both gradients chunk by chunk
+    (liger_kernel/ops/fused_linear_cross_entropy.py at ead96b61): one chunk's logits (:114; the 2024-09 build at
+    1dce7fd4 also upcast them to fp32, :69, hence 6 bytes per element, the larger), their softmax gradient written
+    in place (:162), `grad_input` (BT x H in the input's dtype, :72) and `grad_weight` (V x H in the weight's dtype,
+    :77-81; fp32 only when an accum_dtype is passed, which transformers' and ms-swift's Liger hooks do not), all
+    alive until the backward consumes them."""
+    return liger_chunk_rows(bt, v, h) * v * 6.0 + bt * h * 2.0 + v * h * 2.0
 
 
 def reference_model(df: pl.DataFrame) -> pl.DataFrame:
@@ -214,7 +233,10 @@ def reference_model(df: pl.DataFrame) -> pl.DataFrame:
     layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
     s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
     b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
-    transient = s * b * c("m_vocab") / _tp() * 6.0 + c("d_act_per_layer")
+    v = c("m_vocab").cast(pl.Float64) / _tp()
+    # Under a fused head the reference's no-grad forward runs the same chunked head: one chunk's logits at a time.
+    head = pl.when(c("p_fused_head")).then(liger_chunk_rows(s * b, v, c("m_hidden").cast(pl.Float64)) * v * 6.0)
+    transient = head.otherwise(s * b * v * 6.0) + c("d_act_per_layer")
     return df.with_columns(
         d_ref_weight_bytes=pl.when(live).then(w).when(off).then(layer).otherwise(0.0),
         d_ref_transient_bytes=pl.when(live | off).then(transient).otherwise(0.0),

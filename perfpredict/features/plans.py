@@ -310,5 +310,6 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
                                         if tr:
                                             rej.add(tr.tally)
                                             continue
+                                        # fused_head: the ranking does not choose kernels (the default head)
                                         yield (tp, pp, dp, cp, sp, zero, rc, mb, ga, off, cap.name, schedule, v,
-                                               ep, poff, stages)
+                                               ep, poff, stages, False)

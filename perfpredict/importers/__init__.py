@@ -12,11 +12,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfpredict.importers import aiconfigurator, azure, msswift, nemo_automodel, playbook, vidur, vtrain
+from perfpredict.importers import (
+    aiconfigurator,
+    azure,
+    liger_examples,
+    msswift,
+    nemo_automodel,
+    playbook,
+    vidur,
+    vtrain,
+)
 
 IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure,
              "aiconfigurator": aiconfigurator}
-TRANSCRIBED = {"msswift_examples": msswift, "nemo_automodel": nemo_automodel}
+TRANSCRIBED = {"msswift_examples": msswift, "nemo_automodel": nemo_automodel, "liger_hf_examples": liger_examples}
 
 
 # Where the transcriptions are committed (the repository's datasets/public): an import into another folder still

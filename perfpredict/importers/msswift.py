@@ -43,6 +43,11 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
 - Objective `sft`, bf16 (`--torch_dtype bfloat16`), full-parameter training (`--tuner_type full`).
 - GPU: "A100" in the headers is read as `a100-sxm-80gb` (the rows peak at 42-54 GB, above a 40 GB A100's
   capacity; PCIe vs SXM is not stated).
+- "H20" is the catalog's `h20` (96 GiB HBM3, 148 dense BF16 TFLOPS: perfpredict/catalog/gpus/h20.json, its
+  figures cited there): `fa3-transformers-fa2` (examples/train/flash_attention_3/transformers.sh: swift sft,
+  Qwen2.5-7B, `--deepspeed zero3` over 4 GPUs, micro-batch 1, grad_accum 4, packing 16384, Liger, transformers
+  4.53 pinned, `PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'`). No H20 kernel probe exists, so its step time
+  is composed from the hardware figures alone.
 - The Megatron-SWIFT benchmark (`bench-dense-*`): one table, Qwen2.5-14B full-parameter SFT, 8K packed, the same
   16 sequences per step under three runtimes, published at 9d297f99a (2025-03-21,
   docs/source_en/Instruction/Megatron-SWIFT-Training.md:106-111) with its two scripts in the same commit:
@@ -86,13 +91,19 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
   (2025-05-08, "fix sequence_parallel"). The later figure is imported; the change shows how much version drift
   moves these labels.
 - Liger-Kernel (`--use_liger_kernel true`) fuses the LM head with the cross entropy, so the full logits are never
-  materialised; the plan schema has no field for it (the `kernels` column and the row note say so). The
-  `liger/sft.sh` pair (42 vs 54 GB, same plan otherwise) measures exactly that difference.
+  materialised: those rows carry the plan's `fused_head` (transcribed.csv column `fused_head`; the composition
+  charges Liger's chunked head instead of the logits, features.memory.fused_head_bytes). The `liger/sft.sh` pair
+  (42 vs 54 GB, otherwise the same plan) measures exactly that difference.
 - Packs are "about" max_length: the last pack of an epoch and packs the bin-packer could not fill are shorter.
+  The long-text rows suggest much shorter: taken as full, `packing-liger-16k` (10 s/it for 2 x 16,384 tokens per
+  A100) and `fa3-transformers-fa2` (35.5 s/it for 4 x 16,384 per H20) would run at about 72 % and 86 % of the dense
+  BF16 peak in model FLOPs (6 N per token plus the recomputed forward and causal attention), beyond what ZeRO-3
+  with full recompute reaches; LongAlpaca-12k's samples (the H20 script's dataset) are long enough that many
+  16K packs hold one sample. Their step-time labels therefore overstate the tokens per step by an unknown factor.
 
 ## Not imported
 
-LoRA rows (the plan schema has no adapter training), rows on H20 (not in the GPU catalog), rows whose GPU type is
+LoRA rows (the plan schema has no adapter training), the FlashAttention-3 twin of the H20 row, rows whose GPU type is
 not stated (among them every DPO header: the ZeRO-3 full fine-tuning in `rlhf/dpo/full.sh` and the Megatron DPO
 scripts), unpacked rows, Ulysses/ring sequence-parallel rows, the MoE benchmark's ZeRO-3 column and multimodal
 rows: each is listed below with its reason. No DPO run with a stated GPU and packed lengths was found in ms-swift.

@@ -28,12 +28,14 @@ CSV_NAME = "transcribed.csv"
 COLUMNS = ("row_id", "upstream_path", "upstream_lines", "upstream_commit", "header_date", "status", "skip_reason",
            "quote", "model", "gpu", "gpus_per_node", "nodes", "intra_node_bw_gb_per_s", "objective", "framework",
            "zero", "tp", "pp", "cp", "dp", "ep", "sequence_parallel", "recompute", "micro_batch", "grad_accum",
-           "seq_len", "optimizer_offload", "step_time_s", "peak_memory_gib", "memory_kind", "kernels")
+           "seq_len", "optimizer_offload", "step_time_s", "peak_memory_gib", "memory_kind", "kernels", "fused_head")
 STATUSES = ("ok", "skip")
 # What a transcribed memory figure is, and the schema's memory_kind it becomes (core.schema LABEL_COLUMNS):
 # ms-swift logs torch.cuda.max_memory_reserved() / 1024**3 as memory(GiB) (swift/trainers/patcher.py,
 # swift/megatron/callbacks/print.py), i.e. the allocator's reserved peak, not the tensors' allocated peak.
-MEMORY_KINDS = {"reserved": "reported"}
+# Liger-Kernel's EfficiencyCallback logs torch.cuda.memory.max_memory_allocated() (examples/huggingface/callback.py),
+# the tensors' allocated peak: cuda_max_allocated.
+MEMORY_KINDS = {"reserved": "reported", "allocated": "cuda_max_allocated"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
     plan = Plan(tp=_int(r, "tp"), pp=_int(r, "pp"), dp=dp, cp=_int(r, "cp"), ep=_int(r, "ep"),
                 sequence_parallel=_bool(r, "sequence_parallel"), zero=_int(r, "zero"), recompute=r["recompute"],
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),
-                framework=r["framework"])
+                framework=r["framework"], fused_head=_bool(r, "fused_head"))
     return model, cluster, workload, plan
 
 

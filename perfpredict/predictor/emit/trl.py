@@ -53,6 +53,10 @@ def _trainer_args(ctx: Ctx) -> dict[str, Any]:
     args["gradient_checkpointing"] = gc
     if gc:
         args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    if p.fused_head:
+        # TrainingArguments.use_liger_kernel (transformers >= 4.45) patches the model with Liger's kernels, whose
+        # fused linear cross entropy is the head the plan's fused_head was composed with.
+        args["use_liger_kernel"] = True
     o = w.spec
     if o.trl_trainer:
         if o.trl_loss_type:
