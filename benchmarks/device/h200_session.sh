@@ -19,8 +19,8 @@ set -u
 : "${OUT:?OUT must name the output folder (the device tool sets it)}"
 DRY=${H200_DRY_RUN:-0}
 TOTAL_S=${H200_TOTAL_S:-480}
-PROBES_S=${H200_PROBES_S:-150}
-TRL_S=${H200_TRL_S:-270}
+PROBES_S=${H200_PROBES_S:-120}
+TRL_S=${H200_TRL_S:-310}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 t0=$(date +%s)

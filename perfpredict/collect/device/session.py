@@ -1,7 +1,7 @@
 """One measuring session on a lent machine, polars-free (the machine has torch, transformers and accelerate; trl,
 datasets and deepspeed travel as wheels, benchmarks/device/fetch_wheels.sh):
 
-    python -m perfpredict.collect.device.session --out $OUT [--dry-run] [--probes-s 150] [--trl-s 300]
+    python -m perfpredict.collect.device.session --out $OUT [--dry-run] [--probes-s 120] [--trl-s 310]
 
 Writes, each appended line by line so a session cut short by its `timeout` still returns what it measured:
 - meta.json: machine_facts() of the measuring machine (fingerprint, versions, date), the command, the budgets;
@@ -66,11 +66,11 @@ def grid(*, dry_run: bool, backends: list[str]) -> list[TrlConfig]:
     """The TRL DPO step grid on one device: backend (plain, FSDP2 through a one-rank torchrun, DeepSpeed ZeRO-2 and
     ZeRO-3) x gradient checkpointing off/on x reference live/precomputed, DPO sigmoid, batch 4 of 256+768 tokens
     on Llama-3.2-1B's dimensions in bf16 (GPU). Ordered so that a prefix covers every backend: a session cut short
-    keeps a balanced part (see the order below). Dry run: the tiny CPU shape, batch 1 of 16+16 tokens, fp32 (the path, not the numbers)."""
+    keeps a balanced part (see the order below). Dry run: the tiny CPU shape, batch 1 of 16+16 tokens, bf16 as on the GPU (the path, not the numbers)."""
     common: dict[str, Any] = dict(trainer="dpo", loss_type="sigmoid", padding_free=False, grad_accum=1, seed=0)
     if dry_run:
         common.update(shape="t1-2k", per_device_batch=1, prompt_len=16, completion_len=16, device="cpu",
-                      precision="fp32")
+                      precision="bf16")
     else:
         common.update(shape=GPU_SHAPE, per_device_batch=4, prompt_len=256, completion_len=768, device="cuda",
                       precision="bf16")
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m perfpredict.collect.device.session")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--dry-run", action="store_true", help="this machine's CPU, a tiny model (the script's test)")
-    ap.add_argument("--probes-s", type=float, default=150.0, help="seconds for the probes (all families)")
-    ap.add_argument("--trl-s", type=float, default=300.0, help="seconds for the TRL grid")
+    ap.add_argument("--probes-s", type=float, default=120.0, help="seconds for the probes (all families)")
+    ap.add_argument("--trl-s", type=float, default=310.0, help="seconds for the TRL grid")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: probes, trl")
     ap.add_argument("--families", default=",".join(PROBE_FAMILIES), help="probe families, comma-separated")
     ap.add_argument("--backends", default=",".join(BACKENDS), help="TRL backends, comma-separated")
