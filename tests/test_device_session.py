@@ -124,6 +124,7 @@ def test_import_device_writes_rows_with_the_measuring_machines_provenance(tmp_pa
     assert ok["peak_reserved_gib"] == pytest.approx(34.0) and ok["step_time_s"] == pytest.approx(0.21)
     assert ok["w_precision"] == "bf16" and not ok["oversubscribed"] and "H200" in ok["hardware_fingerprint"]
     assert ok["collected_at"] == "2026-12-04T10:00:00+00:00" and "device.session" in ok["command"]
+    assert json.loads(ok["software"])["transformers"] == "5.17.0"  # the H200's, not this machine's
     assert set(trl["outcome"]) == {"ok", "oom"} and set(trl["backend"]) == {"single", "deepspeed"}
     probes = pl.read_parquet(out / "probes.parquet")
     assert probes.height == 1 and probes["hardware"][0] == "h200-sxm-141gb"
@@ -163,3 +164,41 @@ def test_dry_run_session_and_import(tmp_path):
     assert res.rows_by_table["trl.parquet"] == 2 and res.outcomes == {"ok": 2}
     probes = pl.read_parquet(res.out_dir / "probes.parquet")
     assert set(probes["op"]) == {"gemm", "decode_attention"} and (probes["outcome"] == "ok").all()
+
+
+def test_step_probe_on_cuda_reads_the_allocator_over_the_last_step(monkeypatch):
+    """StepProbe's cuda branch (no GPU here: torch.cuda's counters faked): the last step's peak is
+    max_memory_allocated after a reset at its begin, the run's peak the larger of before and during, and every
+    stamp synchronizes first."""
+    import torch
+
+    from perfpredict.collect.trl.measure import StepProbe
+
+    calls: list[str] = []
+    mem = {"alloc": 10, "peak": 50, "reserved": 64}
+
+    def reset() -> None:
+        calls.append("reset")
+        mem["peak"] = mem["alloc"]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: mem["alloc"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: mem["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: mem["reserved"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+
+    class State:
+        global_step = 0
+
+    probe, st = StepProbe(2, device="cuda"), State()
+    probe.on_train_begin(None, st, None)
+    probe.on_step_begin(None, st, None)  # step 0 of 2: not profiled
+    st.global_step = 1
+    probe.on_step_end(None, st, None)
+    probe.on_step_begin(None, st, None)  # the last step: reset at its begin
+    assert calls[-1] == "reset" and probe.run_peak_bytes == 50 and probe.base_bytes == 10
+    mem.update(peak=40, alloc=12)
+    st.global_step = 2
+    probe.on_step_end(None, st, None)
+    assert probe.peak_bytes == 40 and probe.end_bytes == 12 and probe.reserved_bytes == 64
+    assert probe.run_peak_bytes == 50 and len(probe.ends) == 3 and calls.count("sync") >= 4

@@ -25,7 +25,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 t0=$(date +%s)
 # Wheels travelled in .whl (benchmarks/device/fetch_wheels.sh): installed into a folder that shadows the image's.
-if compgen -G ".whl/*.whl" > /dev/null; then
+if [ "$DRY" != "1" ] && compgen -G ".whl/*.whl" > /dev/null; then  # a dry run uses this machine's packages
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi

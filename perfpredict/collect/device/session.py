@@ -31,6 +31,7 @@ from perfpredict.collect.processes import pythonpath_first
 from perfpredict.collect.trl.grid import TrlConfig
 
 PROBE_FAMILIES = ("gemm", "attention", "memory", "decode", "trl")
+PROBE_FLOOR_S = 15.0
 PACKAGES = ("torch", "transformers", "accelerate", "trl", "datasets", "deepspeed", "peft", "triton")
 GPU_SHAPE = "g1-llama-1b"
 
@@ -124,7 +125,9 @@ class Session:
         env = dict(os.environ, PYTHONPATH=pythonpath_first(os.environ.get("PYTHONPATH")))
         for i, fam in enumerate(self.families):
             left = deadline - time.monotonic()
-            share = left / (len(self.families) - i) * (2.0 if fam in ("gemm", "trl") else 1.0)
+            # A family may use what is left but a floor for each one after it (process start and CUDA init are
+            # ~5-10 s of each): a quick family hands its unused time on, a hung one cannot starve the others.
+            share = max(left - PROBE_FLOOR_S * (len(self.families) - i - 1), min(left, PROBE_FLOOR_S))
             if left < 5:
                 self.summary["probes"][fam] = "skipped: probe budget spent"
                 continue

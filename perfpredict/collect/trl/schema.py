@@ -77,7 +77,9 @@ def trl_row(cfg: TrlConfig, res: dict[str, Any], *, key: str, warmup: int, steps
     row.update(config_columns(cfg))
     row.update(provenance)
     sw = json.loads(row["software"]) if row.get("software") else {}
-    row["software"] = json.dumps({**sw, **trl_versions(deepspeed=cfg.backend == "deepspeed")}, sort_keys=True)
+    # Versions the provenance already names win: rows imported from a lent machine carry that machine's, recorded
+    # there (collect.device), not the importing machine's.
+    row["software"] = json.dumps({**trl_versions(deepspeed=cfg.backend == "deepspeed"), **sw}, sort_keys=True)
     baseline = res.get("calib_baseline_s")
     before, after = res.get("calib_before_s"), res.get("calib_after_s")
     row.update(run_id=key, outcome=res["outcome"], error=res.get("error"), trace=res.get("trace"),
