@@ -32,3 +32,11 @@ if [ ! -f .whl/deepspeed-0.19.8-py3-none-any.whl ]; then
   rm -rf "$tmp"
 fi
 du -ch .whl/*.whl | tail -1
+# What a `run` call carries: tracked + untracked-not-ignored files + .whl, against its 64 MiB.
+python3 - <<'PY'
+import os, subprocess
+files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True, text=True).stdout
+tree = sum(os.path.getsize(f) for f in files.split("\0") if f and os.path.isfile(f))
+whl = sum(os.path.getsize(os.path.join(".whl", f)) for f in os.listdir(".whl"))
+print(f"tree {tree / 2**20:.1f} MiB + .whl {whl / 2**20:.1f} MiB = {(tree + whl) / 2**20:.1f} MiB of 64")
+PY
