@@ -75,8 +75,9 @@ def _fake_result(cfg: TrlConfig) -> dict:
 def test_row_schema_and_resume(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from perfpredict.collect.trl import collect as trl_collect
-    from perfpredict.collect.trl.schema import failed_result, trl_row, trl_schema
+    from perfpredict.collect.trl.schema import failed_result, trl_row
     from perfpredict.core.dataset import append_rows
+    from perfpredict.core.schema import trl_schema
 
     monkeypatch.setattr(trl_collect.fpr, "short_hash", lambda: "cpu-test")
     prov = {"source": "ours-cpu", "hardware": "cpu", "hardware_fingerprint": "{}", "software": "{}",

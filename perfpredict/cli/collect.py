@@ -27,7 +27,8 @@ def probes(quick: bool = typer.Option(False, "--quick", help="A < 2 minute subse
                                            "(default datasets/ours/<hardware hash>)."),
            seed: int = typer.Option(0, "--seed", help="Seed of the shape sampling."),
            families: list[str] | None = typer.Option(None, "--families", help="Probe families (repeatable): gemm, "
-                                                     "attention, memory, comm (default: these four), or trl alone "
+                                                     "attention, memory, comm (default: these four), decode (GEMMs "
+                                                     "and attention of a generation decode step), or trl alone "
                                                      "(the ops TRL's Llama really runs -> probes-trl.parquet).")
            ) -> None:
     """GEMM, attention, memory-bound and collective probes -> probes.parquet (--families trl: probes-trl.parquet)."""
@@ -154,3 +155,22 @@ def trl(configs: int = typer.Option(300, "--configs", help="Number of sampled TR
                        ds_worlds=worlds, command=_command(), log=lambda s: typer.echo(s, err=True))
     typer.echo(f"rows in {path}")
 
+
+
+@command("import-device", on=collect_app)
+def import_device(folder: Path = typer.Argument(..., help="The files a lent machine's session returned "
+                                                "(benchmarks/device/h200_session.sh: meta.json, *.jsonl)."),
+                  root: Path = typer.Option(Path("datasets/ours"), "--root", help="Datasets folder; rows go to "
+                                            "<root>/<the measuring machine's hash>/."),
+                  allow_dry_run: bool = typer.Option(False, "--allow-dry-run", help="Import a dry run's files "
+                                                     "too (H200_DRY_RUN=1: a tiny model on this CPU).")) -> None:
+    """Rows measured on a lent GPU machine (probes, TRL steps) -> datasets/ours/<its hash>/*.parquet."""
+    from perfpredict.collect.device.importer import import_device as run
+
+    res = run(folder=folder, root=root, allow_dry_run=allow_dry_run)
+    for table, n in res.rows_by_table.items():
+        extra = f" ({res.skipped_by_table[table]:,} already there)" if res.skipped_by_table.get(table) else ""
+        typer.echo(f"{table}: {n:,} rows appended{extra}")
+    if res.outcomes:
+        typer.echo("TRL outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(res.outcomes.items())))
+    typer.echo(f"rows in {res.out_dir} (hardware {res.hardware})")

@@ -162,13 +162,23 @@ def hardware_name() -> str:
     return name.lower().replace("nvidia ", "").replace(" ", "-")
 
 
-def provenance(command: str) -> dict[str, Any]:
-    """The provenance columns every collected row carries (core.dataset.PROVENANCE)."""
+def machine_facts() -> dict[str, Any]:
+    """What provenance records about this machine, as plain JSON: taken where the measurement runs (a lent GPU
+    machine writes it beside its raw results, collect.device) and turned into provenance columns where the rows are
+    written (`provenance(..., facts=)`), so both name the measuring machine, not the importing one."""
+    return {"source": "ours-gpu" if torch.cuda.is_available() else "ours-cpu", "hardware": hardware_name(),
+            "hardware_fingerprint": hardware_fingerprint(), "software": software_fingerprint(),
+            "short_hash": short_hash(), "collected_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+
+
+def provenance(command: str, *, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The provenance columns every collected row carries (core.dataset.PROVENANCE), of this machine now or of the
+    machine_facts() another one recorded."""
     from perfpredict.core.dataset import PROVENANCE, SCHEMA_VERSION
 
-    prov = {"source": "ours-gpu" if torch.cuda.is_available() else "ours-cpu", "hardware": hardware_name(),
-            "hardware_fingerprint": dumps(hardware_fingerprint()), "software": dumps(software_fingerprint()),
-            "collected_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "command": command,
+    f = facts or machine_facts()
+    prov = {"source": f["source"], "hardware": f["hardware"], "hardware_fingerprint": dumps(f["hardware_fingerprint"]),
+            "software": dumps(f["software"]), "collected_at": f["collected_at"], "command": command,
             "license": "Apache-2.0", "schema_version": SCHEMA_VERSION}
     assert set(prov) == set(PROVENANCE)
     return prov

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from perfpredict.core.dataset import OTHER_LOAD_MAX_CORES
+from perfpredict.core.gates import OTHER_LOAD_MAX_CORES
 
 
 @dataclass(frozen=True)

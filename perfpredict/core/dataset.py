@@ -17,6 +17,9 @@ from typing import Any
 
 import polars as pl
 
+# The CPU timing gate (declared in core.gates, importable without polars; these names stay importable from here).
+from perfpredict.core.gates import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES  # noqa: F401
+
 # The tables' columns are declared in core.schema; these names stay importable from here for collect and train.
 from perfpredict.core.schema import (  # noqa: F401
     ATTN_IMPLS,
@@ -26,13 +29,6 @@ from perfpredict.core.schema import (  # noqa: F401
     SCHEMA_VERSION,
     probe_schema,
 )
-
-# The CPU timing gate of shared/notes/cpu-measurement.md, shared by collect (which retries a disturbed run) and
-# train (which keeps only undisturbed step times as labels): calibration workload slowed past 1.12x its baseline,
-# or more than 0.3 cores of other work beside the run.
-CALIB_RATIO_MAX = 1.12
-OTHER_LOAD_MAX_CORES = 0.3
-
 
 
 def empty_frame(columns: dict[str, Any]) -> pl.DataFrame:

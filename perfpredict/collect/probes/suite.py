@@ -14,6 +14,9 @@ Families (rows follow perfpredict.core.dataset.probe_schema(), with provenance):
   world size the machine allows, through torchrun (comm_probe.py).
 - trl (not in the default families; `--families trl`): the ops transformers' Llama and TRL's fused head really run
   (trl_ops.py), written to probes-trl.parquet beside probes.parquet so the generic kernel files stay as collected.
+- decode (not in the default families; `--families decode`): one generation decode step's kernels, forward GEMMs
+  at decode m (1..512 running sequences) and `decode_attention` (one query token per sequence over 512..32k cached
+  tokens, SDPA), rows of probes.parquet beside the aiconfigurator importer's measured ones.
 A probe that fails (OOM, unsupported dtype, error) is a row with outcome set, never a crash.
 
 Budgets. CPU (1 thread, as each training rank has): --quick < 2 min: 6 GEMM shapes, 4 attention and 7
@@ -45,22 +48,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
 import torch
 import torch.nn.functional as F
 
 from perfpredict.collect import fingerprint as fpr
-from perfpredict.collect import store
 from perfpredict.collect.host import default_out
 from perfpredict.collect.probes.trl_ops import trl_op_probes
 from perfpredict.collect.processes import pythonpath_first
 from perfpredict.collect.timing import measure
-from perfpredict.core.dataset import append_rows
 from perfpredict.core.errors import PerfPredictError
 
-FAMILIES = ("gemm", "attention", "memory", "comm", "trl")
+if TYPE_CHECKING:  # polars only where the rows are written: probe_rows runs where torch alone is installed
+    import polars as pl
+
+FAMILIES = ("gemm", "attention", "memory", "comm", "trl", "decode")
 DEFAULT_FAMILIES = ("gemm", "attention", "memory", "comm")
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 KiB = 1024
@@ -262,6 +265,78 @@ def attention_probes(b: Budget, device: torch.device, rng: random.Random, gpu: b
     return rows
 
 
+# --- decode step (vLLM-style generation) ----------------------------------------------------------------------
+DECODE_M_GPU = (1, 8, 32, 64, 128, 256, 512)  # tokens in one decode step = running sequences (max_num_seqs)
+DECODE_KV_GPU = (512, 2048, 8192, 32768)
+DECODE_M_CPU = (1, 8, 32)
+DECODE_KV_CPU = (128, 512)
+
+
+def decode_configs(*, quick: bool, gpu: bool, rng: random.Random) -> tuple[list[tuple[int, int, int]],
+                                                                             list[tuple[int, int, int, int, int]]]:
+    """GEMM (m, n, k) at decode token counts over the catalog models' tp-1 layer shapes, and decode attention
+    (batch, heads, kv_heads, kv_len, head_dim) with the KV cache capped at 4 GiB (GPU) / 64 MiB (CPU) in bf16."""
+    ms = DECODE_M_GPU if gpu else DECODE_M_CPU
+    kn = [(k, n) for k, n in model_gemm_shapes((1,)) if gpu or k * n <= 1 << 22]  # CPU: a dry run's seconds
+    kn = sorted(rng.sample(kn, min(len(kn), (8 if quick else 40) if gpu else 3)))
+    if quick:
+        ms = ms[::2]
+    gemms = [(m, n, k) for k, n in kn for m in ms]
+    cap = (4 << 30) if gpu else (64 << 20)
+    attn = []
+    for batch in ((1, 8, 32, 128) if gpu else (1, 4)):
+        for heads, kvh, d in (((32, 8, 128), (64, 8, 128), (16, 16, 64)) if gpu else ((8, 2, 64),)):
+            for kv in (DECODE_KV_GPU if gpu else DECODE_KV_CPU):
+                if 2 * batch * kvh * kv * d * 2 <= cap:
+                    attn.append((batch, heads, kvh, kv, d))
+    if quick and len(attn) > 12:
+        attn = sorted(rng.sample(attn, 12))
+    return gemms, attn
+
+
+def decode_probes(*, quick: bool, device: torch.device, rng: random.Random, gpu: bool,
+                  cap_s: float) -> list[dict[str, Any]]:
+    """The kernels of one generation decode step, timed with torch: forward GEMMs at decode m (the running
+    sequences) and attention of one new query token per sequence over its cached K/V (op `decode_attention`, as
+    the aiconfigurator importer names NVIDIA's measured ones; SDPA, not vLLM's paged kernels: attn_impl says
+    which backend ran). A probe that fails is a row."""
+    gemms, attn = decode_configs(quick=quick, gpu=gpu, rng=rng)
+    dt = "bf16"
+    rows: list[dict[str, Any]] = []
+    for m, n, k in gemms:
+        kw = dict(op="gemm", pass_="fwd", dtype=dt, m=m, n=n, k=k, flops=2.0 * m * n * k)
+        try:
+            a = torch.randn(m, k, device=device, dtype=DT[dt])
+            w = torch.randn(k, n, device=device, dtype=DT[dt])
+        except Exception as e:  # noqa: BLE001
+            rows.append(_fail_row(_row(**kw), e))
+            continue
+        rows.append(_timed(_row(**kw), lambda a=a, w=w: a @ w, device, cap_s))
+        a = w = None
+    for batch, h, kvh, s, d in attn:
+        kw = dict(op="decode_attention", pass_="fwd", dtype=dt, batch=batch, heads=h, kv_heads=kvh, seq_len=s,
+                  head_dim=d, causal=False, flops=4.0 * batch * h * s * d)
+        try:
+            q = torch.randn(batch, h, 1, d, device=device, dtype=DT[dt])
+            kc = torch.randn(batch, kvh, s, d, device=device, dtype=DT[dt])
+            vc = torch.randn(batch, kvh, s, d, device=device, dtype=DT[dt])
+        except Exception as e:  # noqa: BLE001
+            rows.append(_fail_row(_row(**kw), e))
+            continue
+
+        def fwd(q: torch.Tensor = q, kc: torch.Tensor = kc, vc: torch.Tensor = vc) -> torch.Tensor:
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, kc, vc, enable_gqa=q.shape[1] != kc.shape[1])
+
+        try:
+            kw["attn_impl"] = sdpa_impl(fwd)
+        except Exception:  # noqa: BLE001
+            kw["attn_impl"] = None
+        rows.append(_timed(_row(**kw), fwd, device, cap_s))
+        q = kc = vc = None
+    return rows
+
+
 # --- memory-bound ops --------------------------------------------------------------------------------------------
 def _elementwise_fns(x: torch.Tensor, y: torch.Tensor, wt: torch.Tensor,
                      es: int) -> list[tuple[str, Callable[[], object], int, float]]:
@@ -371,11 +446,10 @@ def comm_probes(b: Budget, *, timeout_s: float = 300.0) -> list[dict[str, Any]]:
     return rows
 
 
-def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, command: str | None = None,
-               families: tuple[str, ...] = DEFAULT_FAMILIES, seed: int = 0,
-               log: Callable[[str], None] | None = None) -> tuple[Path, pl.DataFrame]:
-    """Run the probe suite and append its rows to <out_dir>/probes.parquet (the trl family alone: to
-    probes-trl.parquet); returns the path and the new rows."""
+def probe_rows(*, quick: bool = False, families: tuple[str, ...] = DEFAULT_FAMILIES, seed: int = 0,
+               log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The probe suite's rows, without provenance (polars-free: run_probes writes them; a lent GPU machine without
+    polars writes them as JSON lines, collect.device)."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not families:
         raise PerfPredictError(f"unknown probe families {unknown or '(none given)'}; known: {', '.join(FAMILIES)}")
@@ -402,6 +476,8 @@ def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, comman
                 new = memory_probes(b, device)
             elif fam == "comm":
                 new = comm_probes(b)
+            elif fam == "decode":
+                new = decode_probes(quick=quick, device=device, rng=rng, gpu=gpu, cap_s=b.cap_s)
             elif fam == "trl":
                 new = trl_op_probes(quick=quick, device=device, cap_s=b.cap_s, timed=_timed, row=_row,
                                     fail=_fail_row)
@@ -413,15 +489,28 @@ def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, comman
             rows += new
     finally:
         torch.set_num_threads(threads)
+    for r in rows:
+        r.setdefault("world_size", 1)
+        r["suite"] = "quick" if quick else "full"
+    return rows
+
+
+def run_probes(*, quick: bool = False, out_dir: Path | str | None = None, command: str | None = None,
+               families: tuple[str, ...] = DEFAULT_FAMILIES, seed: int = 0,
+               log: Callable[[str], None] | None = None) -> tuple[Path, pl.DataFrame]:
+    """Run the probe suite and append its rows to <out_dir>/probes.parquet (the trl family alone: to
+    probes-trl.parquet); returns the path and the new rows."""
+    from perfpredict.collect import store
+    from perfpredict.core.dataset import append_rows
+
+    rows = probe_rows(quick=quick, families=families, seed=seed, log=log)
     prov = fpr.provenance(command or shlex.join(["perfpredict", "collect", "probes"] + (["--quick"] if quick else [])))
     for r in rows:
         r.update(prov)
-        r.setdefault("world_size", 1)
-        r["suite"] = "quick" if quick else "full"
     out = Path(out_dir) if out_dir else default_out()
     path = out / ("probes-trl.parquet" if families == ("trl",) else "probes.parquet")
     return path, append_rows(path, rows, store.probes_schema())
 
 
-__all__ = ["budget", "run_probes", "gemm_probes", "attention_probes", "memory_probes", "comm_probes",
+__all__ = ["budget", "probe_rows", "run_probes", "decode_probes", "gemm_probes", "attention_probes", "memory_probes", "comm_probes",
            "model_gemm_shapes"]

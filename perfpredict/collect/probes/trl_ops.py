@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from perfpredict.core.schema import TRL_OPS  # noqa: F401 - the ops these probes write
+# The ops these probes write are core.schema.TRL_OPS (not imported: this module runs where polars is absent).
 
 # (sequences per micro-batch, padded sequence length) per shape: the TRL grid's range (collect.trl.grid: batch 1-8
 # samples of 2 sequences, 128-1024 tokens), a short and a long point.

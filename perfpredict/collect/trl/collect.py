@@ -17,14 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from perfpredict.collect import fingerprint as fpr
 from perfpredict.collect import timing
 from perfpredict.collect.processes import PKG_ROOT, kill_group, pythonpath_first
 from perfpredict.collect.trl.grid import TrlConfig, chunks, sample_grid
-from perfpredict.collect.trl.schema import failed_result, trl_row, trl_schema
-from perfpredict.core.dataset import append_rows
+from perfpredict.collect.trl.schema import failed_result, trl_row
+
+# polars (done_keys, append_rows) is imported where rows are read or written: run_chunk also runs on a lent GPU
+# machine without it (collect.device).
 
 TABLE = "trl.parquet"
 
@@ -36,6 +36,8 @@ def default_out_dir() -> Path:
 def done_keys(path: Path) -> set[str]:
     if not path.exists():
         return set()
+    import polars as pl
+
     return set(pl.read_parquet(path, columns=["run_id"])["run_id"].to_list())
 
 
@@ -65,13 +67,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _env(*, deepspeed: bool = False, world: int = 1) -> dict[str, str]:
+def _env(*, deepspeed: bool = False, world: int = 1, torchrun_one: bool = False) -> dict[str, str]:
     env = dict(os.environ)
-    if deepspeed:
+    if deepspeed or torchrun_one:
         # accelerate turns DeepSpeed on from this variable (accelerate/state.py, TrainingArguments' deepspeed= sets
         # the plugin); one process: the torch.distributed rendezvous DeepSpeed's init_distributed expects, on a
-        # fresh port per launch.
-        env["ACCELERATE_USE_DEEPSPEED"] = "true"
+        # fresh port per launch. torchrun_one (FSDP on one GPU): the same variables make accelerate see a torchrun
+        # rank (LOCAL_RANK set -> MULTI_GPU, accelerate/state.py _prepare_backend), which FSDP needs
+        # (state.py:971-977 turns MULTI_GPU into FSDP when an FSDP plugin is given); without them it runs NO.
+        if deepspeed:
+            env["ACCELERATE_USE_DEEPSPEED"] = "true"
         if world == 1:
             env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(_free_port()))
@@ -109,8 +114,9 @@ def run_chunk(world: int, items: list[tuple[str, TrlConfig]], *, work: Path, war
         last = time.monotonic()
         with open(d / "log.txt", "wb") as fh:
             ds = any(c.backend == "deepspeed" for _, c in todo)
+            one = world == 1 and any(c.backend == "fsdp" for _, c in todo)
             proc = subprocess.Popen(worker_command(world, job, deepspeed=ds), stdout=fh, stderr=subprocess.STDOUT,
-                                    env=_env(deepspeed=ds, world=world), start_new_session=True)
+                                    env=_env(deepspeed=ds, world=world, torchrun_one=one), start_new_session=True)
             try:
                 while True:
                     lines = _read_lines(results)
@@ -160,6 +166,9 @@ def collect_trl(*, n: int, out_dir: Path | None = None, seed: int = 0, backends:
                 command: str = "",
                 configs: list[TrlConfig] | None = None, log: Callable[[str], None] = print) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from perfpredict.core.dataset import append_rows
+    from perfpredict.core.schema import trl_schema
 
     if warmup < 1 or steps < 1:
         from perfpredict.core.errors import PerfPredictError

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from perfpredict.collect.trl.grid import SHAPES, TrlConfig
+from perfpredict.collect.trl.grid import ALL_SHAPES, TrlConfig
 
 SPECIALS = ("[PAD]", "[BOS]", "[EOS]", "[UNK]")
 
@@ -33,19 +33,22 @@ def tokenizer(vocab: int) -> Any:
 def llama_config(shape: str, tok: Any) -> Any:
     from transformers import LlamaConfig
 
-    m = SHAPES[shape]
+    m = ALL_SHAPES[shape]
     return LlamaConfig(vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.ffn, num_hidden_layers=m.layers,
                        num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
                        max_position_embeddings=2048, tie_word_embeddings=m.tied_embeddings,
                        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
 
 
-def llama(shape: str, tok: Any, seed: int) -> Any:
+def llama(shape: str, tok: Any, seed: int, device: str = "cpu") -> Any:
+    """fp32 weights (bf16 runs cast in the trainer: TrainingArguments(bf16=True) / DeepSpeed's bf16 block), built
+    on the device they train on (a 1B model's random init takes seconds on one CPU thread, milliseconds on a GPU)."""
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(shape, tok))
+    with torch.device(device):
+        model = LlamaForCausalLM(llama_config(shape, tok))
     return model.to(torch.float32)
 
 
@@ -67,7 +70,7 @@ def dataset(cfg: TrlConfig, n: int) -> Any:
     """n examples: prompt/chosen/rejected (pairs) or prompt/completion/label (KTO, half desirable)."""
     from datasets import Dataset
 
-    vocab = SHAPES[cfg.shape].vocab
+    vocab = cfg.spec.vocab
     rng = random.Random(cfg.seed * 7919 + n)
     rows: list[dict[str, Any]] = []
     for i in range(n):

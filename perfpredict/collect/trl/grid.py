@@ -21,8 +21,9 @@ import random
 from dataclasses import asdict, dataclass
 
 # The model shapes live in collect.trl_shapes (collect probes --families trl probes them too).
-from perfpredict.collect.trl_shapes import SHAPES
+from perfpredict.collect.trl_shapes import ALL_SHAPES, SHAPES
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.model import ModelSpec
 
 # (trainer, loss_type, reference): the objectives users run with TRL 1.16.
 COMBOS: tuple[tuple[str, str, str], ...] = (
@@ -33,6 +34,8 @@ COMBOS: tuple[tuple[str, str, str], ...] = (
 OBJECTIVE = {"sigmoid": "dpo", "ipo": "ipo", "simpo": "simpo", "orpo": "orpo", "kto": "kto"}
 TRAINERS = ("dpo", "cpo", "orpo", "kto")
 BACKENDS = {"single": 1, "ddp": 2, "fsdp": 2, "deepspeed": 1}  # deepspeed: default world (ds_world overrides)
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")  # bf16: TrainingArguments(bf16=True) over fp32 weights (DeepSpeed: its bf16 block)
 ZERO_STAGES = (0, 1, 2, 3)
 DS_WORLDS = (1, 2)
 SEQ_LENS = (128, 256, 512, 768, 1024)
@@ -62,6 +65,9 @@ class TrlConfig:
     seed: int = 0
     zero_stage: int = 0  # deepspeed only
     ds_world: int = 1  # deepspeed only: ranks
+    device: str = "cpu"  # cuda: a GPU machine (collect.device); left out of the key when cpu, as precision/world
+    precision: str = "fp32"
+    world_size: int = 0  # ranks of a single/ddp/fsdp launch; 0 = BACKENDS' default (fsdp on one GPU: 1)
 
     def __post_init__(self) -> None:
         combo = (self.trainer, self.loss_type, self.reference)
@@ -69,8 +75,13 @@ class TrlConfig:
             raise PerfPredictError(f"unsupported trainer/loss/reference {combo}; accepted: {COMBOS}")
         if self.backend not in BACKENDS:
             raise PerfPredictError(f"unknown backend {self.backend!r}; accepted: {', '.join(BACKENDS)}")
-        if self.shape not in SHAPES:
-            raise PerfPredictError(f"unknown shape {self.shape!r}; accepted: {', '.join(SHAPES)}")
+        if self.shape not in ALL_SHAPES:
+            raise PerfPredictError(f"unknown shape {self.shape!r}; accepted: {', '.join(ALL_SHAPES)}")
+        if self.device not in DEVICES or self.precision not in PRECISIONS:
+            raise PerfPredictError(f"device must be one of {DEVICES} and precision one of {PRECISIONS}, got "
+                                   f"{self.device!r} / {self.precision!r}")
+        if self.world_size < 0 or (self.world_size and self.backend == "deepspeed"):
+            raise PerfPredictError("world_size is >= 0 and not a deepspeed setting (deepspeed takes ds_world)")
         if self.per_device_batch < 1 or self.grad_accum < 1 or self.prompt_len < 1 or self.completion_len < 1:
             raise PerfPredictError("per_device_batch, grad_accum, prompt_len and completion_len must be >= 1")
         if self.trainer == "kto" and self.per_device_batch < 2:
@@ -87,7 +98,11 @@ class TrlConfig:
 
     @property
     def world(self) -> int:
-        return self.ds_world if self.backend == "deepspeed" else BACKENDS[self.backend]
+        return self.ds_world if self.backend == "deepspeed" else (self.world_size or BACKENDS[self.backend])
+
+    @property
+    def spec(self) -> ModelSpec:
+        return ALL_SHAPES[self.shape]
 
     @property
     def launch_group(self) -> str:
@@ -106,6 +121,9 @@ class TrlConfig:
         d = asdict(self)
         if self.backend != "deepspeed":  # the keys (run_id) of rows collected before these fields existed
             del d["zero_stage"], d["ds_world"]
+        for f, default in (("device", "cpu"), ("precision", "fp32"), ("world_size", 0)):
+            if d[f] == default:  # likewise: CPU rows keep their run_id
+                del d[f]
         return d
 
     def key(self, *, warmup: int, steps: int, hardware: str) -> str:
@@ -122,7 +140,7 @@ def rows_per_forward(cfg: TrlConfig) -> int:
 
 def estimated_step_s(cfg: TrlConfig) -> float:
     """A rough cost of one optimizer step on one rank (to keep configs short; not a feature)."""
-    m = SHAPES[cfg.shape]
+    m = cfg.spec
     tokens = rows_per_forward(cfg) * cfg.seq_len * cfg.grad_accum
     body = m.param_count - 2 * m.vocab * m.hidden
     head = m.vocab * m.hidden

@@ -9,13 +9,17 @@ backwards, `optimizer.step()` (:1943), `model.zero_grad()` (:1954), `on_step_end
 - memory: the last step runs under torch.profiler(profile_memory=True) from `on_step_begin` to `on_step_end`; the
   peak is the live tensor bytes at `on_step_begin` (gc scan, collect.tensors.live_tensor_bytes: parameters,
   optimizer state, the fetched batch; gradients already freed) plus the running maximum of the allocator's
-  allocations minus frees during the step (shared/notes/cpu-measurement.md: exact, repeats across runs)."""
+  allocations minus frees during the step (shared/notes/cpu-measurement.md: exact, repeats across runs).
+  On a GPU (device "cuda") the same step's peak is torch.cuda.max_memory_allocated() after a reset at its begin
+  (the caching allocator's own count of live tensor bytes, its maximum over the step), and every stamp waits for
+  the device (torch.cuda.synchronize) so a step's time is its kernels', not their launches'."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
@@ -53,8 +57,13 @@ def peak_from_profile(prof: Any) -> tuple[int, int]:
 class StepProbe(TrainerCallback):
     """Barrier-stamped step ends; the profiled last step's peak live tensor bytes."""
 
-    def __init__(self, total_steps: int, *, profile_last: bool = True, memtracker: bool = False) -> None:
+    def __init__(self, total_steps: int, *, profile_last: bool = True, memtracker: bool = False,
+                 device: str = "cpu") -> None:
         self.total_steps = total_steps
+        self.cuda = device == "cuda"
+        self.reserved_bytes: int | None = None  # cuda: max_memory_reserved over the profiled step
+        self.run_peak_bytes: int | None = None  # cuda: max_memory_allocated from construction to the profiled step
+        self._cuda_step = False
         self.profile_last = profile_last
         self.memtracker = memtracker  # cross-check: torch's MemTracker on the same step instead of the profiler
         self.tracker_bytes: int | None = None
@@ -67,12 +76,23 @@ class StepProbe(TrainerCallback):
         self.rss_bytes: int | None = None
         self._prof: Any = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+    def _stamp(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
         _barrier()
         self.ends.append(time.perf_counter())
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._stamp()
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if self.profile_last and state.global_step == self.total_steps - 1 and self.memtracker:
+        if self.profile_last and state.global_step == self.total_steps - 1 and self.cuda:
+            torch.cuda.synchronize()
+            self.run_peak_bytes = torch.cuda.max_memory_allocated()
+            self.base_bytes = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            self._cuda_step = True
+        elif self.profile_last and state.global_step == self.total_steps - 1 and self.memtracker:
             from torch.distributed._tools.mem_tracker import MemTracker
 
             self.base_bytes = live_tensor_bytes("cpu")
@@ -87,6 +107,15 @@ class StepProbe(TrainerCallback):
             self._prof.__enter__()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._cuda_step:
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
+            self.during_bytes = peak - (self.base_bytes or 0)
+            self.end_bytes = torch.cuda.memory_allocated()
+            self.net_bytes = self.end_bytes - (self.base_bytes or 0)
+            self.reserved_bytes = torch.cuda.max_memory_reserved()
+            self.run_peak_bytes = max(self.run_peak_bytes or 0, peak)
+            self._cuda_step = False
         if self._mt is not None:
             self._mt.__exit__(None, None, None)
             snap = self._mt.get_tracker_snapshot("peak")
@@ -103,8 +132,7 @@ class StepProbe(TrainerCallback):
                 self.rss_bytes = psutil.Process().memory_info().rss
             except ImportError:
                 self.rss_bytes = None
-        _barrier()
-        self.ends.append(time.perf_counter())
+        self._stamp()
 
     def step_times(self, warmup: int, steps: int) -> list[float]:
         """Intervals of steps warmup+1 .. warmup+steps (ends[0] is the train start, ends[k] the end of step k)."""

@@ -49,7 +49,7 @@ def enable_fsdp_on_cpu() -> None:
     state.AcceleratorState.__init__ = patched
 
 
-def deepspeed_config(zero_stage: int) -> dict[str, Any]:
+def deepspeed_config(zero_stage: int, *, bf16: bool = False) -> dict[str, Any]:
     """The DeepSpeed config a user hands TrainingArguments(deepspeed=...): the ZeRO block `perfpredict rank --emit`
     writes (core.frameworks.zero_optimization: overlap_comm, contiguous gradients, bucket sizes "auto"), fp32
     (bf16/fp16 off, as the rest of the trainer), and "auto" where transformers fills values from the arguments and
@@ -57,18 +57,19 @@ def deepspeed_config(zero_stage: int) -> dict[str, Any]:
     0.9 hidden^2 and persistence threshold 10 hidden). Without "auto" DeepSpeed's default reduce bucket is 5e8
     elements (a 1.86 GiB fp32 buffer per step on these small models: measured). No `optimizer` block: the Trainer's
     torch AdamW goes to deepspeed.initialize and the ZeRO optimizer wraps it (DeepSpeed's own AdamW would be its
-    CUDA/CPU-Adam op, not what runs on GPUs)."""
+    CUDA/CPU-Adam op, not what runs on GPUs). bf16 (a GPU run): DeepSpeed's bf16 block, which keeps fp32 master
+    weights in its optimizer, as TrainingArguments(bf16=True) writes it."""
     return {"zero_optimization": zero_optimization(zero_stage), "train_micro_batch_size_per_gpu": "auto",
             "gradient_accumulation_steps": "auto", "train_batch_size": "auto", "gradient_clipping": "auto",
-            "bf16": {"enabled": False}, "fp16": {"enabled": False}}
+            "bf16": {"enabled": bf16}, "fp16": {"enabled": False}}
 
 
 def common_args(cfg: TrlConfig, *, steps: int, out_dir: str) -> dict[str, Any]:
     args: dict[str, Any] = dict(
         output_dir=out_dir, per_device_train_batch_size=cfg.per_device_batch,
-        gradient_accumulation_steps=cfg.grad_accum, max_steps=steps, bf16=False, fp16=False,
+        gradient_accumulation_steps=cfg.grad_accum, max_steps=steps, bf16=cfg.precision == "bf16", fp16=False,
         gradient_checkpointing=cfg.checkpointing, report_to=[], logging_steps=10_000, save_strategy="no",
-        use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, seed=cfg.seed, learning_rate=1e-6,
+        use_cpu=cfg.device == "cpu", dataloader_num_workers=0, disable_tqdm=True, seed=cfg.seed, learning_rate=1e-6,
         lr_scheduler_type="constant",
     )
     if cfg.backend == "fsdp":
@@ -76,7 +77,7 @@ def common_args(cfg: TrlConfig, *, steps: int, out_dir: str) -> dict[str, Any]:
                     fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": [LAYER_CLASS],
                                  "reshard_after_forward": True})
     if cfg.backend == "deepspeed":
-        args.update(deepspeed=deepspeed_config(cfg.zero_stage))
+        args.update(deepspeed=deepspeed_config(cfg.zero_stage, bf16=cfg.precision == "bf16"))
     return args
 
 

@@ -37,7 +37,7 @@ from perfpredict.collect.trl.data import dataset, examples_needed, llama, tokeni
 from perfpredict.collect.trl.grid import TrlConfig
 from perfpredict.collect.trl.measure import BatchRecorder, StepProbe
 from perfpredict.collect.trl.trainers import build_trainer, enable_fsdp_on_cpu, release
-from perfpredict.core.dataset import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES
+from perfpredict.core.gates import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES
 
 
 def _own_cpu_s() -> float:
@@ -91,17 +91,22 @@ def from_disk(model: Any, path: str) -> Any:
 def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str, shared_dir: str) -> dict[str, Any]:
     """Build the trainer and train warmup + steps + 1 (profiled) optimizer steps; this rank's figures."""
     total = warmup + steps + 1
+    cuda = cfg.device == "cuda"
+    if cuda:  # this config's peaks only (a launch measures several configs)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     tok = tokenizer(_vocab(cfg))
-    model = llama(cfg.shape, tok, cfg.seed)
-    ref = llama(cfg.shape, tok, cfg.seed) if cfg.reference == "live" else None
+    model = llama(cfg.shape, tok, cfg.seed, cfg.device)
+    ref = llama(cfg.shape, tok, cfg.seed, cfg.device) if cfg.reference == "live" else None
     train = on_disk(dataset(cfg, examples_needed(cfg, total)), shared_dir + "/data")
     if cfg.backend == "fsdp":
-        enable_fsdp_on_cpu()
+        if not cuda:
+            enable_fsdp_on_cpu()
         if cfg.reference == "precomputed":
             # Under FSDP TRL builds a reference from the policy's path to precompute with (dpo_trainer.py:908-926,
             # 1032-1033), as it does for a user's model loaded by name: the random model is saved and reloaded.
             model = from_disk(model, shared_dir + "/model")
-    probe, rec = StepProbe(total), BatchRecorder()
+    probe, rec = StepProbe(total, device=cfg.device), BatchRecorder()
     t0 = time.perf_counter()
     trainer = build_trainer(cfg, model=model, ref_model=ref, tok=tok, train=train, steps=total, out_dir=tmp,
                             callbacks=[probe])
@@ -125,6 +130,7 @@ def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str, shared_dir:
         "distributed_type": dist_type, "params_measured": params, "grad_bytes": grad_bytes,
         "train_loss": float(out.training_loss), "steps_done": int(trainer.state.global_step),
         "padding_free_effective": bool(getattr(trainer, "padding_free", False)),
+        "reserved_bytes": probe.reserved_bytes, "run_peak_bytes": probe.run_peak_bytes,
         **rec.summary(2 if cfg.trainer == "kto" else 1),
     }
     del trainer, model, ref, out
@@ -132,9 +138,7 @@ def run_config(cfg: TrlConfig, *, warmup: int, steps: int, tmp: str, shared_dir:
 
 
 def _vocab(cfg: TrlConfig) -> int:
-    from perfpredict.collect.trl.grid import SHAPES
-
-    return SHAPES[cfg.shape].vocab
+    return cfg.spec.vocab
 
 
 def _fail_fast(key: str, mine: dict[str, Any], err_dir: str) -> None:
@@ -206,12 +210,12 @@ def measure(cfg: TrlConfig, *, warmup: int, steps: int, baseline: float, max_ret
             retry_above: float = 1.0, key: str = "", err_dir: str = "") -> dict[str, Any]:
     """The config measured, re-run while its disturbance (1 = at the gate's limits) is above retry_above."""
     attempts: list[dict[str, Any]] = []
-    start = live_tensor_bytes("cpu") if cfg.backend == "deepspeed" else 0
+    start = live_tensor_bytes(cfg.device) if cfg.backend == "deepspeed" else 0
     for i in range(max_retries + 1):
         # A finished DeepSpeed ZeRO-3 trainer leaves its partitions reachable even after release() (measured: 24 B
         # per parameter per run, stages 0-2 free everything): a retry in this process would count them in its
         # peak, so no retry once anything is left over (the row keeps the first attempt and its gate columns).
-        if i > 0 and cfg.backend == "deepspeed" and max(_gather(live_tensor_bytes("cpu") - start)) > 2**20:
+        if i > 0 and cfg.backend == "deepspeed" and max(_gather(live_tensor_bytes(cfg.device) - start)) > 2**20:
             break
         if i > 0 and (not dist.is_initialized() or dist.get_rank() == 0):
             timing.wait_quiet(max_wait_s=5.0)
