@@ -130,3 +130,21 @@ def test_evaluate_kernels_cli(tmp_path):
     assert r.exit_code != 0 and "no aiconfigurator probes of ['tpu-v5']" in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["evaluate-kernels", "--data", str(data), "--own-fraction", "2"])
     assert r.exit_code != 0 and "--own-fraction must be between 0 and 1" in r.output
+
+
+def test_without_a_hardware_is_the_refit_and_shares_the_families_that_never_saw_it():
+    """KernelModel.without (training's and the hardware split's leave-one-hardware-out) refits only the families
+    that saw the hardware and returns the same model as a refit on the other probes."""
+    cpu = pl.read_parquet(next((REPO / "datasets" / "ours").glob("cpu-*/probes*.parquet")))
+    probes = pl.concat([_probes("gemm", 60), _probes("context_attention", 60), cpu.head(300)], how="diagonal_relaxed")
+    full = KernelModel(seed=0, params=SMALL).fit(probes)
+    gpu = "h200-sxm-141gb"
+    query = pl.concat([_probes("gemm", 5, seed=1), _probes("context_attention", 5, seed=1), cpu.tail(20)],
+                      how="diagonal_relaxed")
+    for hw in (gpu, str(cpu["hardware"][0])):
+        fast = full.without(probes, hw)
+        slow = KernelModel(seed=0, params=SMALL).fit(probes.filter(c("hardware") != hw))
+        assert fast.families_ == slow.families_ and fast.feature_names_ == slow.feature_names_
+        np.testing.assert_array_equal(fast.predict(query), slow.predict(query))
+        shared = {k for k in full.models_ if fast.models_.get(k) is full.models_[k]}
+        assert shared == {k for k, v in full.families_.items() if hw not in v["hardware"]}
