@@ -148,3 +148,15 @@ def test_without_a_hardware_is_the_refit_and_shares_the_families_that_never_saw_
         np.testing.assert_array_equal(fast.predict(query), slow.predict(query))
         shared = {k for k in full.models_ if fast.models_.get(k) is full.models_[k]}
         assert shared == {k for k, v in full.families_.items() if hw not in v["hardware"]}
+
+
+def test_the_shipped_bundle_composes_with_kernels_fitted_on_every_aiconfigurator_gpu():
+    """`perfpredict train` fits the kernel models the training composition (and every prediction) reads on every
+    probe under datasets/, AIConfigurator's included: the shipped bundle must have been trained after them (issue
+    19's "retrain when new hardware arrives")."""
+    meta = json.loads((REPO / "perfpredict" / "predictor" / "default" / "metadata.json").read_text())
+    fams = meta["kernel_families"]
+    for table, family in (("gemm", "gemm"), ("context_attention", "attention"), ("nccl", "collective"),
+                          ("generation_attention", "decode_attention"), ("moe", "moe")):
+        gpus = set(pl.read_parquet(AIC / f"probes_{table}.parquet", columns=["hardware"])["hardware"].unique())
+        assert gpus <= set(fams[family]["hardware"]), (family, sorted(gpus - set(fams[family]["hardware"])))
