@@ -275,6 +275,29 @@ def test_aiconfigurator_rows_match_upstream():
                 assert up[key] == r[key], (table, key)
 
 
+def test_aiconfigurator_block_fp8_tables_sit_outside_the_probes():
+    """fp8_block experts ship in a file of their own (train reads probes*.parquet, whose dtypes have no block-FP8
+    peak), with the probes' columns and dtype `fp8_block`."""
+    for table in aiconfigurator.BLOCK_FP8_TABLES:
+        df = pl.read_parquet(AIC_COMMITTED / f"fp8_block_{table}.parquet")
+        assert set(df["dtype"]) == {"fp8_block"} and {"h100-sxm-80gb", "h200-sxm-141gb", "b200"} <= set(df["hardware"])
+        assert set(_aic(table)["dtype"]) == {"bf16", "fp8"}
+        assert (df["time_s"] == df["latency"] / 1000).all()
+
+
+@needs_shared
+def test_aiconfigurator_block_fp8_rows_match_upstream():
+    for table in aiconfigurator.BLOCK_FP8_TABLES:
+        df = pl.read_parquet(AIC_COMMITTED / f"fp8_block_{table}.parquet")
+        r = df.row(df.height // 3, named=True)
+        path, row = r["upstream_ref"].rsplit(":", 1)
+        up = pl.read_parquet(SHARED / "aiconfigurator" / path).row(int(row), named=True)
+        assert up["latency"] == r["latency"] and up["moe_dtype"] == "fp8_block"
+        for key in ("num_tokens", "hidden_size", "inter_size", "num_experts", "moe_tp_size", "moe_ep_size"):
+            if key in up:
+                assert up[key] == r[key], (table, key)
+
+
 # --- the whole run and the committed files -----------------------------------------------------------------------
 @needs_shared
 def test_import_public_counts_and_committed_files_are_current(imported):

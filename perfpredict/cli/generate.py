@@ -196,6 +196,9 @@ def generate_evaluate_cmd(
     silicon: Annotated[bool, typer.Option(help="instead: the GPU composition from measured silicon against the "
                                                "silicon_sample serving runs (datasets/public/aiconfigurator_e2e)")]
     = False,
+    markdown: Annotated[str | None, typer.Option("--markdown", metavar="<str>",
+                                                 help="with --silicon: write the tables as markdown to FILE, or to "
+                                                      "stdout with -")] = None,
 ) -> None:
     """Held-out accuracy of the generation model on measured vLLM runs (and refit it with --save); with --silicon,
     of the GPU composition on vLLM / SGLang / TensorRT-LLM serving runs, held out by model, GPU and backend."""
@@ -203,17 +206,31 @@ def generate_evaluate_cmd(
 
     check_outputs(json_out=json_out)
     say = (lambda *a, **k: None) if machine_readable(json_out) else console.print
+    if markdown and not silicon:
+        from perfpredict.core.errors import PerfPredictError
+
+        raise PerfPredictError("--markdown writes the silicon check's tables: add --silicon")
     if silicon:
         from perfpredict.core.errors import PerfPredictError
-        from perfpredict.train.generate_silicon import evaluate_silicon
+        from perfpredict.train.generate_silicon import evaluate_silicon, silicon_markdown
 
         if save:
             raise PerfPredictError("--save refits the CPU-learned model; the silicon composition has nothing to save")
+        if markdown and str(markdown) == "-" and json_out and str(json_out) == "-":
+            raise PerfPredictError("--json - and --markdown - both write to stdout: give one of them a file name")
+        if markdown and str(markdown) != "-":
+            from perfpredict.core.paths import writable_file
+
+            writable_file("--markdown", markdown)
         res = evaluate_silicon(data)
+        if markdown and str(markdown) == "-":
+            say = lambda *a, **k: None  # noqa: E731 - stdout carries the markdown
         for line in silicon_report(res):
             say(line)
         if json_out:
             write_text(json_out, json.dumps(res, indent=1, default=str))
+        if markdown:
+            write_text(markdown, silicon_markdown(res))
         return
     res = evaluate(data, seed=seed)
     model = res.pop("model")
@@ -290,7 +307,7 @@ def silicon_report(res: dict) -> list:
     out.append(lt)
     used = res["correction_used"]
     for q, what in (("tpot", "TPOT / throughput (a scale per backend x dense/MoE)"),
-                    ("ttft", "TTFT (steady state + opening burst + a fixed front-end time, per backend)")):
+                    ("ttft", "TTFT (grouped returns + opening burst + a fixed front-end time, pooled over backends)")):
         out.append(f"learned correction of {what}: " + ("used: it lowers the held-out error on every split"
                                                          if used[q] else "not used: it does not lower the held-out "
                                                                          "error on every split"))

@@ -31,11 +31,19 @@ GPUS = {"a100_sxm": "a100-sxm-80gb", "h100_sxm": "h100-sxm-80gb", "h200_sxm": "h
         "gb200": "gb200", "b300_sxm": "b300", "gb300": "gb300", "l40s": "l40s", "rtx_pro_6000_server": "rtx-pro-6000"}
 MS = 1e-3
 c = pl.col
-# Upstream dtype names -> the probe schema's. fp8_block (DeepGEMM/CUTLASS 128x128 block scales), nvfp4 and the MoE
-# weight-only / mxfp4 modes are not imported: no plan here runs them, and their rates need their own peak figures.
+# Upstream dtype names -> the probe schema's. nvfp4 and the MoE weight-only / mxfp4 modes are not imported: no plan
+# here runs them, and their rates need their own peak figures.
 GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
 KV_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
 MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8"}
+# fp8_block experts (128x128 block scales: vLLM's Fp8MoE Triton and FlashInfer CUTLASS kernels), the format of
+# block-quantised checkpoints (Qwen3-*-FP8): imported into a file of its own, not probes*.parquet, so the kernel
+# models that train reads keep their dtypes (the schema has no block-FP8 peak); only the vLLM silicon composition
+# (models.generate.silicon) reads it, as `fp8_block`. The fp8_block GEMMs are not imported: below m = 1,024 they are
+# 4-5x slower than bf16 on the H100 (55-85 us for 4096 x 4096: the activation quantisation and scale path), slower
+# than the block-FP8 runs decode, so the composition takes the bf16 GEMM for them either way (and the datasets'
+# size cap, tests/test_importers.py, is better spent elsewhere).
+BLOCK_FP8 = {"fp8_block": "fp8_block"}
 NCCL_DTYPES = {"half": ("fp16", 2), "int8": ("int8", 1)}
 NCCL_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
             "alltoall": "all_to_all"}
@@ -178,19 +186,19 @@ MOE_KEYS = ["moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num
             "distribution"]
 
 
-def import_moe(src: Path) -> pl.DataFrame:
+def import_moe(src: Path, dtypes: dict[str, str] = MOE_DTYPES) -> pl.DataFrame:
     """Fused MoE layer (router excluded, gate+up and down GEMMs of the local experts), per GPU of a moe_tp x moe_ep
     group. flops = 2 x 3 x hidden x inter/tp x tokens x topk / ep (gated: gate, up and down), the balanced share."""
     frames = []
     for gpu, path in _tables(src, "moe", "moe_perf"):
-        df = _read(src, gpu, path).filter(c("moe_dtype").is_in(list(MOE_DTYPES))
+        df = _read(src, gpu, path).filter(c("moe_dtype").is_in(list(dtypes))
                                           & c("distribution").is_in(list(MOE_DISTRIBUTIONS)))
         toks = log_spaced(df["num_tokens"].unique().to_list(), MOE_TOKENS)
         df = df.filter(c("num_tokens").is_in(toks))
         f64 = lambda x: c(x).cast(pl.Float64)  # noqa: E731
         frames.append(df.with_columns(
             op=pl.lit("moe"), pass_=pl.lit("fwd"),
-            dtype=c("moe_dtype").replace_strict(MOE_DTYPES, return_dtype=pl.Utf8),
+            dtype=c("moe_dtype").replace_strict(dtypes, return_dtype=pl.Utf8),
             flops=6.0 * f64("hidden_size") * f64("inter_size") / f64("moe_tp_size") * f64("num_tokens") * f64("topk")
             / f64("moe_ep_size")))
     return _finish(frames, MOE_KEYS)
@@ -231,8 +239,13 @@ TABLES = {"gemm": import_gemm, "context_attention": import_context_attention,
           "custom_allreduce": import_custom_allreduce}
 
 
+# The block-FP8 table (BLOCK_FP8): same columns and subsampling as probes_moe.
+BLOCK_FP8_TABLES = {"moe": lambda src: import_moe(src, BLOCK_FP8)}
+
+
 def import_all(src: Path) -> dict[str, pl.DataFrame]:
-    return {f"probes_{name}": fn(src) for name, fn in TABLES.items()}
+    return {**{f"probes_{name}": fn(src) for name, fn in TABLES.items()},
+            **{f"fp8_block_{name}": fn(src) for name, fn in BLOCK_FP8_TABLES.items()}}
 
 
 SECTION = """\
@@ -273,7 +286,7 @@ alltoall: the per-rank input), the schema's meaning.
 - probes_generation_attention: op `decode_attention` (one decode step: one query token per sequence over `step`
   cached tokens), seq_len = step, causal false, the same filters; flops = 4 b heads step head_dim.
 - probes_moe: op `moe` (fused MoE layer as vLLM runs it, per GPU of a moe_tp x moe_ep group), moe_dtype bfloat16
-  -> `bf16`, fp8 -> `fp8` (other quantisations not imported), 10 log-spaced num_tokens per GPU, every shape, routing
+  -> `bf16`, fp8 -> `fp8` (fp8_block in fp8_block_moe.parquet, below; other quantisations not imported), 10 log-spaced num_tokens per GPU, every shape, routing
   distributions balanced and power_law_1.01 (upstream's power_law_1.2, the most skewed, not imported). flops = 6 hidden inter/moe_tp
   num_tokens topk / moe_ep (gate, up and down projections of the balanced share). Caveat (upstream's notes):
   dummy weights bias the routing.
@@ -282,6 +295,10 @@ alltoall: the per-rank input), the schema's meaning.
   gb200/gb300 trays), every size kept.
 - probes_custom_allreduce: vLLM's custom all-reduce (bf16), op `custom_all_reduce` (backend vllm_graph: inside a
   CUDA graph, as decode runs) or `custom_all_reduce_eager` (vllm_eager), bytes = 2 x message_size, every size kept.
+- fp8_block_moe.parquet: the moe_dtype `fp8_block` rows (128x128 block scales: vLLM's Fp8MoE Triton and FlashInfer
+  CUTLASS experts), dtype `fp8_block`, the same columns and subsampling as probes_moe. Not named probes*: the
+  schema's dtypes (and the kernel models train fits) have no block-FP8 peak; the vLLM silicon composition reads it
+  for block-quantised checkpoints. The fp8_block GEMMs are not imported (slower than bf16 below m = 1,024).
 """
 
 

@@ -165,6 +165,7 @@ class SteadyState:
     ttft_s: float               # mean time from arrival (slot free) to the first token, in steady state
     burst_ttft_s: float         # mean time to first token when all `concurrency` prompts arrive at once
     first_wave_s: float         # prefill of the first running set when all arrive at once (an offline run's start)
+    wave_ttft_s: float          # mean TTFT after the opening burst when every request has the same lengths
     decode_tpot_s: float        # TPOT without the prefill chunks mixed in
     prefill_per_prompt_s: float  # what one prompt's chunks add to the run when mixed into decode steps
     decode_step: StepParts      # one decode-only cycle (all pp micro-batches), for --explain
@@ -244,13 +245,43 @@ def steady_state(k: SiliconKernels, m: ModelSpec, gpu: GPUSpec, par: Parallel, *
     steps = math.ceil(c * prompt / max_num_batched_tokens)
     burst = queue + (steps + 1) / 2 * (full.total_s + ovh)
     first_wave = steps * (full.total_s + ovh)
+    wave = wave_ttft(cycle, c=c, mb=mb, prompt=prompt, dec=dec, budget_tokens=max_num_batched_tokens,
+                     decode_cycle_s=dstep.total_s, overhead_s=ovh)
     notes = []
     if pp > 1:
         notes.append(f"PP{pp}: {pp} micro-batches of {mb:.0f} requests; each token crosses {pp} stages")
     return SteadyState(concurrency=c, offered=offered, queue_s=queue, limited_by=limited, tpot_s=tpot, ttft_s=ttft,
-                       burst_ttft_s=burst, first_wave_s=first_wave, decode_tpot_s=dstep.total_s + ovh,
+                       burst_ttft_s=burst, first_wave_s=first_wave, wave_ttft_s=queue + wave,
+                       decode_tpot_s=dstep.total_s + ovh,
                        prefill_per_prompt_s=per_prompt, decode_step=dstep,
                        prefill_share=extra / tpot, prefill_steps=n_pre, overhead_s=ovh, notes=tuple(notes))
+
+
+def wave_ttft(cycle, *, c: float, mb: float, prompt: float, dec: float, budget_tokens: int, decode_cycle_s: float,
+              overhead_s: float) -> float:
+    """Mean TTFT in a closed loop whose requests all have the same prompt and output lengths (a benchmark at fixed
+    concurrency with fixed isl / osl and ignore_eos, or an offline run of equal requests).
+
+    The opening burst is prefilled in budget-sized steps, max_num_batched_tokens less the running decodes
+    (vllm/v1/core/sched/scheduler.py, Scheduler.schedule: RUNNING requests first, then WAITING ones FCFS while
+    token_budget lasts), so the requests whose prefill ends in the same step form a group of g = c / k (k = the
+    steps the burst takes). Every member of a group then emits one token per step and finishes in the same step,
+    its client sends the next prompt at once, and the group comes back together: the grouping persists. A member
+    of a returning group waits for the step in flight (the engine has scheduled the next step before the new
+    request reaches it; none when the whole running set returns at once) and then for its group's prefill, which
+    takes the budget left beside the other groups' decodes, in FCFS order (member j is done after
+    ceil(j x prompt / budget) steps)."""
+    k = max(1, math.ceil(c * prompt / max(budget_tokens - mb, 1.0)))
+    g = max(1.0, c / k)
+    others = max(dec * (1.0 - g / max(c, 1.0)), 0.0)  # decodes beside a returning group, per micro-batch
+    budget = max(budget_tokens - others, 1.0)
+    n = max(1, round(g))
+    ends = [math.ceil(j * prompt / budget) for j in range(1, n + 1)]
+    steps_mean = sum(ends) / n
+    chunk = min(n * prompt, budget)
+    step = cycle(others, chunk, min(prompt, chunk)).total_s + overhead_s
+    wait = 0.0 if k == 1 else decode_cycle_s + overhead_s
+    return wait + steps_mean * step
 
 
 def decode_breakdown(s: SteadyState) -> dict[str, float]:

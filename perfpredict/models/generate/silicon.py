@@ -144,6 +144,8 @@ class SiliconKernels:
         return _pivot(g, ["m", "n", "k"])
 
     def gemm(self, m, n: int, k: int, dtype: str = "bfloat16") -> np.ndarray:
+        # fp8_block GEMMs are not imported (importers.aiconfigurator: slower than bf16 at decode sizes), so block-FP8
+        # checkpoints take the bf16 GEMM (_gemm_grid's fallback).
         return self._gemm_grid(dtype)(m, n, k, scale_axes=(0, 1, 2))
 
     # --- attention ----------------------------------------------------------------------------------------------
@@ -207,8 +209,13 @@ class SiliconKernels:
         shapes = m.select("dtype", "hidden", "inter", "topk", "experts").unique()
         if shapes.height == 0:
             return None
-        # The measured MoE shape nearest the query (same format preferred: fp8 and fp8_block are near), scaled by
-        # the work ratio (tokens x topk x hidden x inter per rank).
+        # The stated format's own kernels first: per-tensor FP8 and block FP8 run different expert kernels (a run
+        # stated as fp8 on a shape only measured as fp8_block would otherwise take the block kernel, 1.4x faster
+        # than its measured TPOT on the H200).
+        if (shapes["dtype"] == dtype).any():
+            shapes = shapes.filter(pl.col("dtype") == dtype)
+        # The measured MoE shape nearest the query (where its format has no rows: another FP8 format before bf16),
+        # scaled by the work ratio (tokens x topk x hidden x inter per rank).
         work = (shapes["hidden"] * shapes["inter"] * shapes["topk"]).to_numpy().astype(float)
         fam = np.array([str(x).startswith("fp8") for x in shapes["dtype"].to_list()])
         same = (shapes["dtype"] == dtype).to_numpy()
@@ -231,10 +238,10 @@ class SiliconKernels:
 
     def moe(self, tokens, *, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int,
             dtype: str = "bfloat16") -> np.ndarray:
-        """The fused MoE layer per GPU of a moe_tp x moe_ep group. An FP8 checkpoint takes the faster of the
-        measured FP8 and bf16 kernels: the imported FP8 rows are per-tensor scaled (FlashInfer CUTLASS, ~4x slower
-        on Hopper than the block-FP8 Triton kernel that block-quantised checkpoints run, whose rows are not
-        imported), and the bf16 kernel, reading twice the bytes, bounds the block kernel from above."""
+        """The fused MoE layer per GPU of a moe_tp x moe_ep group. An FP8 checkpoint takes the faster of its
+        format's measured kernel and the bf16 one: the per-tensor FP8 rows (FlashInfer CUTLASS) are up to 2.5x
+        slower on Hopper than bf16 at decode sizes, where vLLM would pick another backend; block-FP8 checkpoints
+        (dtype fp8_block) read their own rows (Triton / CUTLASS block-scaled experts, ~0.6x bf16 on the H100)."""
         toks = np.maximum(np.atleast_1d(np.asarray(tokens, dtype=float)), 1)
         out = np.full(toks.shape, np.inf)
         for dt in ({dtype, "bfloat16"} if dtype.startswith("fp8") else {dtype}):
@@ -308,6 +315,10 @@ _TABLES = {
 }
 
 
+# Block-FP8 experts (the importer keeps them out of probes*.parquet): block-quantised checkpoints run them.
+BLOCK_FP8_FILES = {"moe": "fp8_block_moe.parquet"}
+
+
 @functools.cache
 def load_tables(root: Path | str | None = None) -> dict[str, pl.DataFrame]:
     """The silicon tables by family (gemm, gen_attn, ctx_attn, moe, allreduce, nccl) from
@@ -318,9 +329,14 @@ def load_tables(root: Path | str | None = None) -> dict[str, pl.DataFrame]:
         f = base / fname
         if not f.is_file():
             continue
-        d = pl.read_parquet(f, columns=["hardware", "outcome", "time_s", *cols])
-        out[fam] = d.filter(pl.col("outcome") == "ok").select(
-            "hardware", *[pl.col(a).alias(b) for a, b in cols.items()], "time_s")
+        frames = []
+        extra = [base / BLOCK_FP8_FILES[fam]] if fam in BLOCK_FP8_FILES else []
+        for path in (f, *extra):
+            if path.is_file():
+                d = pl.read_parquet(path, columns=["hardware", "outcome", "time_s", *cols])
+                frames.append(d.filter(pl.col("outcome") == "ok").select(
+                    "hardware", *[pl.col(a).alias(b) for a, b in cols.items()], "time_s"))
+        out[fam] = pl.concat(frames)
     return out
 
 
