@@ -190,3 +190,32 @@ def test_more_link_bandwidth_is_never_slower_with_latency(collective_model):
     np.testing.assert_allclose(fast / fast_q["roof_s"].to_numpy(), slow / slow_q["roof_s"].to_numpy(), rtol=1e-9)
     lat = fast_q["k_latency_s"].to_numpy()
     assert np.all(lat > 0) and np.all(fast_q["roof_s"].to_numpy() >= lat)
+
+def test_without_a_hardware_is_the_refit_and_shares_the_families_that_never_saw_it():
+    """KernelModel.without (training's and the hardware split's leave-one-hardware-out) refits only the families
+    that saw the hardware and returns the same model as a refit on the other probes."""
+    cpu = pl.read_parquet(next((REPO / "datasets" / "ours").glob("cpu-*/probes*.parquet")))
+    probes = pl.concat([_probes("gemm", 60), _probes("context_attention", 60), cpu.head(300)], how="diagonal_relaxed")
+    full = KernelModel(seed=0, params=SMALL).fit(probes)
+    gpu = "h200-sxm-141gb"
+    query = pl.concat([_probes("gemm", 5, seed=1), _probes("context_attention", 5, seed=1), cpu.tail(20)],
+                      how="diagonal_relaxed")
+    for hw in (gpu, str(cpu["hardware"][0])):
+        fast = full.without(probes, hw)
+        slow = KernelModel(seed=0, params=SMALL).fit(probes.filter(c("hardware") != hw))
+        assert fast.families_ == slow.families_ and fast.feature_names_ == slow.feature_names_
+        np.testing.assert_array_equal(fast.predict(query), slow.predict(query))
+        shared = {k for k in full.models_ if fast.models_.get(k) is full.models_[k]}
+        assert shared == {k for k, v in full.families_.items() if hw not in v["hardware"]}
+
+
+def test_the_shipped_bundle_composes_with_kernels_fitted_on_every_aiconfigurator_gpu():
+    """`perfpredict train` fits the kernel models the training composition (and every prediction) reads on every
+    probe under datasets/, AIConfigurator's included: the shipped bundle must have been trained after them (issue
+    19's "retrain when new hardware arrives")."""
+    meta = json.loads((REPO / "perfpredict" / "predictor" / "default" / "metadata.json").read_text())
+    fams = meta["kernel_families"]
+    for table, family in (("gemm", "gemm"), ("context_attention", "attention"), ("nccl", "collective"),
+                          ("generation_attention", "decode_attention"), ("moe", "moe")):
+        gpus = set(pl.read_parquet(AIC / f"probes_{table}.parquet", columns=["hardware"])["hardware"].unique())
+        assert gpus <= set(fams[family]["hardware"]), (family, sorted(gpus - set(fams[family]["hardware"])))

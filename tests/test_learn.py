@@ -73,6 +73,22 @@ def test_applicability_is_per_domain(monkeypatch):
     assert corr.weight(unseen)[0] == 0.0 and corr.predict(unseen)[0] == 1.0  # the composition itself
 
 
+def test_a_domain_measured_on_a_few_rows_gets_no_correction(monkeypatch):
+    """Below MIN_DOMAIN_ROWS training rows a domain is not measured for the correction: its rows get the
+    composition (ms-swift's 3 DeepSpeed rows on A100 made a held-out model worse than the composition)."""
+    from perfpredict.models.plan_model import MIN_DOMAIN_ROWS
+
+    monkeypatch.setattr(Correction, "features", lambda self, df: df.select("x"))
+    rng = np.random.default_rng(4)
+    few = MIN_DOMAIN_ROWS - 1
+    train = pl.concat([_frame(50, "megatron", "a100-sxm-80gb", rng.normal(0, 1, 50)),
+                       _frame(few, "deepspeed", "a100-sxm-80gb", rng.normal(0, 1, few))])
+    corr = Correction(kind="time").fit(train, np.full(50 + few, 1.5))
+    assert corr.weight(_frame(1, "megatron", "a100-sxm-80gb", np.array([0.0])))[0] == pytest.approx(1.0)
+    sparse = _frame(1, "deepspeed", "a100-sxm-80gb", np.array([0.0]))
+    assert corr.weight(sparse)[0] == 0.0 and corr.predict(sparse)[0] == 1.0
+
+
 def test_never_probed_hardware_gets_its_own_wider_interval_per_device_class():
     rng = np.random.default_rng(3)
     keys = ["3d:h100-sxm-80gb:single-node"] * 200

@@ -99,7 +99,7 @@ def held_out(runs: pl.DataFrame, probes: pl.DataFrame, *, split: str, seed: int 
     parts = []
     for name, mask in folds(base, split):
         step(f"{variant.name}: {split} {name}")
-        k = KernelModel(seed=seed).fit(probes.filter(c("hardware") != name)) if split == "hardware" else kernels
+        k = kernels.without(probes, name) if split == "hardware" else kernels
         train, test = base.filter(pl.Series(~mask)), base.filter(pl.Series(mask))
         if time_rows(train).height < 20 or memory_rows(train).height < 20 or not test.height:
             continue
@@ -230,8 +230,18 @@ def evaluate(*, data: Path | str, seed: int = 0, splits: tuple[str, ...] = SPLIT
                                "of each source is the test partition, scored only by --split largest); add --split "
                                "largest or more sources")
     pred = pl.concat(preds, how="diagonal_relaxed")
-    return {"metrics": metrics(pred, ("variant", "split", "source")), "metrics_trl": metrics_trl(pred),
+    return {"metrics": metrics_per_split_and_source(pred), "metrics_trl": metrics_trl(pred),
             "metrics_trl_host": metrics_trl_host(pred), "predictions": pred}
+
+
+ALL_SOURCES = "all"  # the `source` of a split's row over every source's held-out runs together
+
+
+def metrics_per_split_and_source(pred: pl.DataFrame) -> pl.DataFrame:
+    """metrics() per (variant, split, source), and per (variant, split) over all sources (source "all", first),
+    so coverage and interval width read per split as well as per source (issue 21)."""
+    per_split = metrics(pred.with_columns(source=pl.lit(ALL_SOURCES)), ("variant", "split", "source"))
+    return pl.concat([per_split, metrics(pred, ("variant", "split", "source"))], how="diagonal_relaxed")
 
 
 def metrics_trl_host(pred: pl.DataFrame) -> pl.DataFrame:

@@ -108,14 +108,17 @@ def _uncomposed(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def unseen_hardware_residuals(runs: pl.DataFrame, probes: pl.DataFrame, *, launch_floor: dict[str, float],
-                              trl_calibration: dict[str, float], seed: int = 0) -> tuple[np.ndarray, list[str]]:
+                              trl_calibration: dict[str, float], seed: int = 0,
+                              kernels: KernelModel | None = None) -> tuple[np.ndarray, list[str]]:
     """log10(measured / composed) on each measured hardware, composed by kernel models refitted without that
     hardware's probes (with the launch floor and TRL calibration fitted on all of them): what the composition does
-    on a hardware it has never seen. Returns the residuals and each one's hardware."""
+    on a hardware it has never seen. With `kernels` (fitted on `probes`) only the families that saw the hardware
+    are refitted (KernelModel.without: the same models). Returns the residuals and each one's hardware."""
     out, names = [], []
     tr = time_rows(runs)
     for hw in sorted(set(tr["g_name"].unique().to_list()) & set(probes["hardware"].unique().to_list())):
-        k = KernelModel(seed=seed).fit(probes.filter(c("hardware") != hw))
+        k = (kernels.without(probes, hw) if kernels is not None
+             else KernelModel(seed=seed).fit(probes.filter(c("hardware") != hw)))
         # The fitted terms compose the refit too (TRL rows on a CPU held out were composed without their own
         # calibration, unlike every prediction).
         composed = compose(_uncomposed(tr.filter(c("g_name") == hw)), k, launch_floor=launch_floor,
@@ -131,8 +134,8 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
     """Launch floor, composition, corrections on all rows; intervals and the OOM margin from out-of-fold
     predictions (GroupKFold by model, by width and by scale: a fold never sees what it is scored on). `runs` are
     described, not yet composed. With `probes`, the time intervals of a hardware never probed are calibrated by
-    leaving each measured hardware's probes out. The TRL-op probes of `trl_probes` (default: those among `probes`)
-    give each probed CPU host its TRL scales. Returns the bundle and the composed runs with out-of-fold
+    leaving each measured hardware's probes out (`kernels` fitted on `probes`). The TRL-op probes of `trl_probes`
+    (default: those among `probes`) give each probed CPU host its TRL scales. Returns the bundle and the composed runs with out-of-fold
     predictions."""
     floor, trl = fit_step_terms(runs, kernels, probes=trl_probes if trl_probes is not None else probes)
     composed = compose(_uncomposed(runs), kernels, launch_floor=floor.floors_, trl_calibration=trl.calibration_)
@@ -152,7 +155,7 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
                            oof_weight=mr["oof_mem_weight"].to_numpy())
     if probes is not None:
         r, hw = unseen_hardware_residuals(runs, probes, launch_floor=floor.floors_, trl_calibration=trl.calibration_,
-                                          seed=seed)
+                                          seed=seed, kernels=kernels)
         t_iv.fit_unseen_hardware(r, hardware=hw)
     bundle = Bundle(kernels=kernels, launch_floor_s=floor.floors_, trl_calibration=trl.calibration_, time=time,
                     memory=mem, time_intervals=t_iv, memory_intervals=m_iv,

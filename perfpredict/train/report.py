@@ -44,7 +44,8 @@ def _split_key(split: str) -> tuple[int, str]:
 
 
 def _sorted(rows: Iterable[Row], second: str) -> list[Row]:
-    return sorted(rows, key=lambda r: (_split_key(str(r["split"])), str(r.get(second))))
+    # A split's row over all sources (evaluate.ALL_SOURCES) comes before its per-source rows.
+    return sorted(rows, key=lambda r: (_split_key(str(r["split"])), r.get(second) != "all", str(r.get(second))))
 
 
 def _check(evaluation: Any) -> tuple[list[Row], list[Row]]:
@@ -101,7 +102,8 @@ rows it scores. Rows are never held out at random; every split extrapolates the 
 Sources: `vtrain` (A100, Megatron-DeepSpeed), `ultrascale_playbook` (H100, nanotron), `ours-cpu` (our harness runs
 on CPUs over gloo), `ours-cpu-trl` (the real TRL trainers on CPUs); see [data.md](data.md).
 
-Columns: `time n` / `mem n` are the timed / memory-measured runs scored; **learned** is the shipped prediction,
+Rows: each split over all sources together (`all`), then per source. Columns: `time n` / `mem n` are the
+timed / memory-measured runs scored; **learned** is the shipped prediction,
 **composed** the kernel composition alone (no learned correction), **analytic** the roofline estimate; `90% cover`
 is the share of measured values inside the predicted 90 % interval; `applic.` is the mean weight of the learned
 correction (0 = the composition alone); `false OOM` is the share of runs that ran but were predicted not to fit;
