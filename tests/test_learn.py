@@ -247,3 +247,8 @@ def test_memory_intervals_are_per_framework_family_and_device_never_pooled_over_
                                   "outside_keys": {"gpu": [0.0, 0.3]}})
     lo, hi = legacy.bounds(["zero:gpu"], np.ones(1))
     assert (lo[0], hi[0]) == pytest.approx((-0.1, 0.2))
+    # A family never measured on the device borrows the nearest's spread, widened to hold the point: another
+    # family's bias (nanotron's reserved peaks, 1.06-2.2x) says how far off, not which way.
+    shifted = Intervals().fit(["3d:gpu"] * 100, np.full(100, 0.3), rng.normal(0.3, 0.05, 100))
+    lo, hi = shifted.bounds(["zero:gpu", "3d:gpu"], np.zeros(2))
+    assert lo[0] == 0.0 and hi[0] == pytest.approx(hi[1]) and lo[1] > 0.1
