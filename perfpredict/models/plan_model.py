@@ -367,6 +367,13 @@ def _key_parts(key: str) -> tuple[str, str | None, str, str | None, str]:
 KIN = {"trl": "zero"}
 
 
+def _legacy(key: str) -> str:
+    """The memory key a bundle fitted before keys named the family held a row's spread under: "trl:cpu" for TRL,
+    the device class ("gpu") for the others. A new bundle has no such device-only key, so nothing is pooled."""
+    fam, _, dev, _, _ = _key_parts(key)
+    return key if fam == "trl" else dev
+
+
 def _nearness(a: tuple, b: tuple) -> tuple[bool, ...]:
     """How far domain b is from a, lexicographically: the same regime (a cross-node pipeline's stalls), then the
     same device class, framework family (else its kin, KIN), hardware and node regime. (False, ...) sorts first."""
@@ -445,9 +452,7 @@ class Intervals:
 
     def _pair(self, key: str) -> tuple[tuple[float, float], tuple[float, float]]:
         out = self.nearest(key)
-        # A bundle fitted before memory keys named the family ("zero:gpu") holds its spread under the device class.
-        inside = (self.inside_.get(key) or self.domain_.get(_base_key(key)) or self.domain_.get(_key_parts(key)[2])
-                  or out)
+        inside = self.inside_.get(key) or self.domain_.get(_base_key(key)) or self.domain_.get(_legacy(key)) or out
         return inside, (min(out[0], inside[0]), max(out[1], inside[1]))
 
     def _unseen(self, key: str) -> tuple[float, float] | None:
