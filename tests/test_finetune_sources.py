@@ -45,7 +45,7 @@ def _row(folder: str, row_id: str) -> dict:
 def test_reimport_reproduces_the_committed_files(reimported):
     out, counts = reimported
     assert counts == {"msswift_examples/runs.parquet": 9, "nemo_automodel/runs.parquet": 1,
-                      "liger_hf_examples/runs.parquet": 10, "alignment_handbook/runs.parquet": 3,
+                      "liger_hf_examples/runs.parquet": 10, "alignment_handbook/runs.parquet": 4,
                       "hf_blog_ds_fsdp/runs.parquet": 2}
     for folder in SOURCES:
         fresh = pl.read_parquet(out / folder / "runs.parquet")
@@ -391,7 +391,20 @@ def test_alignment_handbook_skips_foreign_pushes():
     rows = {r["row_id"]: r for _, r in read_rows(COMMITTED / "alignment_handbook")}
     assert rows["zephyr-7b-dpo-full-edda139"]["status"] == "skip"  # 780 s, loss 0.080: not the recipe's run
     assert rows["community-reruns"]["status"] == "skip" and "hardware is not stated" in rows["community-reruns"]["skip_reason"]
-    assert sum(r["status"] == "ok" for r in rows.values()) == 3
+    assert rows["mistral-7b-anthropic"]["status"] == "skip" and "half evaluation" in rows["mistral-7b-anthropic"]["skip_reason"]
+    assert sum(r["status"] == "ok" for r in rows.values()) == 4
+
+
+def test_alignment_handbook_orpo_141b_on_four_nodes():
+    """zephyr-orpo-141b-A35b-v0.1 all_results.json: "train_runtime": 4771.9621, 3 epochs of "train_samples": 6932 at 32
+    pairs per step (1 per GPU, 4 nodes of 8 H100, FSDP FULL_SHARD): 3 x ceil(6932 / 32) = 651 steps; the card's "1.3
+    hours" is 4,772 s. Mixtral-8x22B: 140.6B parameters (config.json), 141B published."""
+    r = _row("alignment_handbook", "zephyr-orpo-141b-A35b")
+    assert (r["m_name"], r["c_gpus"], r["c_nodes"], r["p_framework"], r["p_zero"], r["p_dp"]) == \
+        ("mixtral-8x22b", 32, 4, "fsdp", 3, 32)
+    assert (r["w_objective"], r["w_reference"], r["w_global_batch"], r["w_seq_len"]) == ("orpo", "none", 32, 2048)
+    assert r["step_time_s"] == pytest.approx(4771.9621 / 651, abs=1e-4)
+    assert 4771.9621 / 3600 == pytest.approx(1.3, abs=0.05)
 
 
 def test_hf_blog_ds_fsdp_reference_numbers():

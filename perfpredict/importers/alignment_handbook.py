@@ -1,5 +1,6 @@
 """The alignment handbook's own runs: measured step times of TRL DPO (live reference) and packed SFT under DeepSpeed
-ZeRO-3 on one node of 8 H100s, from the Trainer metrics its authors pushed with the models (transcribed rows)."""
+ZeRO-3 on one node of 8 H100s and of ORPO on Mixtral-8x22B under FSDP FULL_SHARD on 4 nodes, from the Trainer metrics
+its authors pushed with the models (transcribed rows)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ UPSTREAM = Upstream(folder="alignment_handbook", repo="huggingface/alignment-han
                               "dtype": "bf16"})
 
 SECTION = """\
-# The alignment handbook's runs: TRL DPO and packed SFT under DeepSpeed ZeRO-3 on 8 H100 (step time)
+# The alignment handbook's runs: TRL DPO and packed SFT under DeepSpeed ZeRO-3 on 8 H100, ORPO under FSDP on 32 H100 (step time)
 
 What: the Hugging Face alignment handbook (github.com/huggingface/alignment-handbook, Apache-2.0) publishes the recipes
 its authors used for Zephyr-7B-beta and the Constitutional-AI models, and the models they trained with them on the
@@ -30,7 +31,7 @@ them with the model (scripts/run_dpo.py, scripts/run_sft.py: `metrics["train_sam
 the figures of those files as the Hub shows them at the quoted commit, transcribed by hand into `transcribed.csv` (no
 code copied); imported by `perfpredict.importers.alignment_handbook` into `runs.parquet`.
 
-## Plan fields (recipes at f0ffa0d7a6ab666b1f80f3f7dbb3c6364ac31967, 2024-01-10, and 8df22713248701df4e5f9609cb5531d774decb97, 2024-02-01)
+## Plan fields (recipes at f0ffa0d7a6ab666b1f80f3f7dbb3c6364ac31967, 2024-01-10, 8df22713248701df4e5f9609cb5531d774decb97, 2024-02-01, and 70769f9e, 2024-04-11)
 
 - Launch: `recipes/launch.slurm` (`#SBATCH --gres=gpu:8`, `--partition=hopper-prod`, set in f0ffa0d, the commit that
   introduced these DPO and SFT configs) runs `accelerate launch --config_file
@@ -58,6 +59,18 @@ code copied); imported by `perfpredict.importers.alignment_handbook` into `runs.
   step), flash attention 2, gradient checkpointing, packing; the model card gives 545 steps, 8 devices, total batch 256,
   Transformers 4.36.2.
 
+- `zephyr-orpo-141b-A35b` (recipes/zephyr-141b-A35b/orpo/config_full.yaml at 70769f9e9ba41c7f08ba6c4ff3725441b68b7ca3,
+  2024-04-11): `sbatch --nodes=4 recipes/launch.slurm zephyr-141b-A35b orpo full fsdp`, i.e. accelerate with
+  recipes/accelerate_configs/fsdp.yaml (`fsdp_sharding_strategy: FULL_SHARD`, TRANSFORMER_BASED_WRAP, BACKWARD_PRE,
+  forward prefetch, `mixed_precision: bf16`) on 4 nodes of 8 H100 ("trained ... for 1.3 hours on 4 nodes of 8 x H100s",
+  the model card; 4,772 s = 1.33 h): framework `fsdp`, zero 3, dp 32 across 4 nodes. TRL's ORPOTrainer (no reference
+  model), `per_device_train_batch_size: 1`, `gradient_accumulation_steps: 1` (32 pairs per step),
+  `gradient_checkpointing: true`, flash attention 2, `max_length: 2048`, `optim: adamw_bnb_8bit`, `save_strategy: "no"`
+  and no evaluation (the figure is the training loop alone); three epochs of 6,932 pairs = 3 x ceil(6932 / 32) = 651
+  steps (`train_steps_per_second` 0.136 allows 647-651). Model mistral-community/Mixtral-8x22B-v0.1: catalog
+  `mixtral-8x22b` (added with this source: 140.6B parameters, 39.2B active). The 8-bit AdamW states are not in the
+  plan schema (no memory label is published, so none is affected); the inter-node link is the catalog H100's.
+
 ## Units and labels
 
 - Step time: `train_runtime / steps`, seconds per optimizer step of the global batch. No memory is published.
@@ -68,17 +81,24 @@ code copied); imported by `perfpredict.importers.alignment_handbook` into `runs.
 
 ## Caveats
 
+- ORPO sequence length: TRL's ORPOTrainer pads each pair's chosen and rejected sequences to the longer of the two
+  (one pair per GPU) and truncates at 2,048: the row carries the cap, an upper bound of the work as for DPO.
 - DPO sequence length: TRL 0.7.7 pads each micro-batch's chosen and rejected sequences to the longest of the 16
   (trl/trainer/dpo_trainer.py:701-749, concatenated_inputs) and truncates at `max_length` 1024. The padded length varies
   per batch and is not published: the row carries the cap, 1024, so the work it implies is an upper bound, and a
   prediction that is too fast at 1024 tokens is too fast at any shorter length.
+- 8-bit optimizer: the ORPO run's `adamw_bnb_8bit` keeps 2 bytes of Adam state per parameter where the plan schema
+  assumes fp32 states and master weights, so the memory model over-counts that plan (about 10 B per parameter, 41 GiB
+  per GPU over 32):
+  no memory label is published, but a fit verdict on this row is not the run's.
 - The Hub shows a relative date; the rows' `collected_at` is the recipe commit date they follow.
 - Versions: the recipes at f0ffa0d pin TRL 0.7.7, transformers 4.36.2, DeepSpeed 0.12.2, torch 2.1.2 (setup.py).
 
 ## Not imported
 
 Other pushes to the same repositories whose figures do not belong to the recipe's run, a repeat of the imported SFT
-plan, and the many reruns of the recipe by other users (hardware not stated): each is listed below with its reason.
+plan, a DPO run whose runtime is half evaluation, and the many reruns of the recipe by other users (hardware not
+stated): each is listed below with its reason.
 """
 
 SPEC = Transcribed(upstream=UPSTREAM, module="alignment_handbook", section=SECTION)
