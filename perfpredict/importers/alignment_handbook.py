@@ -81,6 +81,15 @@ code copied); imported by `perfpredict.importers.alignment_handbook` into `runs.
 
 ## Caveats
 
+- The GPU of the DPO row: the SFT rows cannot have run on A100s (88-94 % of its peak), but the DPO row alone could
+  (8N model FLOPs per token, policy 6N and reference 2N, recompute not counted: 17 % of an H100's peak at the 1,024
+  cap, 55 % of an A100's), and the composition puts this plan at 11.16 s on
+  8 A100 against 4.74 s on 8 H100 (measured: 11.15 s). What ties it to the H100 cluster: the recipe that run follows
+  (beta 0.01, one epoch) and the `hopper-prod` partition arrived in the same commit, and the other DPO run of the
+  handbook on that cluster (`mistral-7b-anthropic`, Feb. 2024, the Constitutional-AI models whose packed SFT runs at
+  94 % of an A100's peak) evaluates 64 pairs (policy and reference forwards, 8 pairs per GPU) in 2.64 s ("eval_runtime":
+  132.202 for 3,156 pairs, 50 steps), where this row trains 8 pairs per GPU (forward, recompute, backward, reference)
+  in 5.57 s: 2.1x for 2.5x the FLOPs, the same GPU class, not an A100 against an H100.
 - ORPO sequence length: TRL's ORPOTrainer pads each pair's chosen and rejected sequences to the longer of the two
   (one pair per GPU) and truncates at 2,048: the row carries the cap, an upper bound of the work as for DPO.
 - DPO sequence length: TRL 0.7.7 pads each micro-batch's chosen and rejected sequences to the longest of the 16
