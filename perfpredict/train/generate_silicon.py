@@ -133,7 +133,8 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": s.tpot_s,
                     "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "pred_ttft_s": s.wave_ttft_s,
                     "random_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s, "roof_tpot_s": roof,
-                    "prefill_steps": s.prefill_steps, "bench_ttft_s": bench})
+                    "prefill_steps": s.prefill_steps, "bench_ttft_s": bench,
+                    "prefill_token_s": s.prefill_per_prompt_s * par.pp / r["isl"]})
     return pl.concat([df, pl.DataFrame(out)], how="horizontal")
 
 
