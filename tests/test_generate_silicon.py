@@ -232,6 +232,10 @@ def test_learned_correction_is_used_only_where_it_helps_held_out():
             c, k = res["composition"][kind], corrected[kind]
             if used["ttft"]:
                 assert k["ttft_mape"] < c["ttft_mape"], (split, kind)
+            # "as used": the correction's error where it is used, else the composition's
+            u = res[f"held_out_{split}"]["as_used"][kind]
+            assert u["throughput_mape"] == pytest.approx((k if used["tpot"] else c)["throughput_mape"])
+            assert u["ttft_mape"] == pytest.approx((k if used["ttft"] else c)["ttft_mape"])
     assert not used["tpot"]  # the shipped throughput is the composition alone (docs/generate-accuracy.md)
 
 
