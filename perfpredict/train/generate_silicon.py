@@ -123,6 +123,7 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         # The benchmark stepped as the engine schedules it (AIPerf's 20 rounds, vLLM's chunked budget, SGLang's
         # prefill-first batches): reported beside the grouped returns (ttft_ratios), not used as the TTFT: it
         # removes the per-backend bias but not the spread, and lost on held-out splits (docs/generate-accuracy.md).
+        # It steps the running requests (KV- or max_num_seqs-limited); a queue beyond them is not stepped.
         bench = benchmark_ttft(concurrency=s.concurrency, prompt=r["isl"], output_len=r["osl"],
                                budget_tokens=BATCHED_TOKENS, decode_step_s=s.decode_tpot_s,
                                prefill_token_s=s.prefill_per_prompt_s * par.pp / r["isl"],

@@ -26,7 +26,9 @@ whatever the batch, that is ~pp times the TP step at the same concurrency: PP is
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -332,9 +334,6 @@ def benchmark_ttft(*, concurrency: float, prompt: int, output_len: int, budget_t
     first scheduled in the step after the next (the next is already scheduled: async scheduling). Step time:
     decode_step_s when the step runs anything (the weights are read whatever the batch) plus prefill_token_s per
     prompt token in it. Stretches of decode-only steps are jumped over."""
-    import heapq
-    from collections import deque
-
     c = max(1, int(round(concurrency)))
     total = max(rounds, 1) * c
     incoming: deque[tuple[int, float]] = deque([(0, 0.0)] * c)  # (first step it can join, time the client sent it)
