@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, HF_EAGER_LAYER, RUNTIMES
+from perfpredict.core.frameworks import (DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, EAGER_ATTENTION,
+                                         HF_EAGER_LAYER, RUNTIMES)
 from perfpredict.features.compute import forward_passes, hf_trainer, on_cpu, runtime_is, selective_share
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
@@ -133,6 +134,8 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         rc_full=full, rc_attn=sel * selective_share("attention_fwd"),
         z3_chunks=_zero3_chunks(),
         eager_h=eager_h, eager_f=eager_f,
+        # transformers' eager attention (plan eager_attention): its materialised scores, wherever the plan runs it.
+        eager_attn=c("p_eager_attention").fill_null(False).cast(pl.Float64),
         # DeepSpeed reduces gradients in buckets of reduce_bucket_size elements (transformers' auto: hidden^2).
         rs_chunks=pl.when(runtime_is(lambda r: r.zero3_prefetch_buckets)).then(
             (c("d_params_rank") / (DS_REDUCE_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2)).clip(1.0, None)
@@ -203,11 +206,14 @@ def _attention(b: pl.DataFrame) -> list[pl.DataFrame]:
     seq = _i(c("s") / c("cp").sqrt())
     common = dict(op=pl.lit("attention"), batch=_i(c("seqs")), heads=_i(c("a") / c("t")), kv_heads=_i(c("kv") / c("t")), seq_len=seq,
                   head_dim=_i(c("hd")))
+    # transformers' eager attention multiplies the whole s x s square (the causal mask is added to the scores, not
+    # skipped: core.frameworks EAGER_ATTENTION): twice the causal kernel's FLOPs, timed at its efficiency.
+    sq = 1.0 + c("eager_attn")
+    per = c("Lps") * c("mbs") * sq
     return [
-        b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd_bwd"), count=c("Lps") * c("mbs")),
-        b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd"),
-                 count=c("Lps") * c("mbs") * c("attn_fwd_extra"),
-                 rc=c("Lps") * c("mbs") * (c("rc_full") + c("rc_attn")), rf=c("Lps") * c("mbs") * c("ref")),
+        b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd_bwd"), count=per),
+        b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd"), count=per * c("attn_fwd_extra"),
+                 rc=per * (c("rc_full") + c("rc_attn")), rf=per * c("ref")),
     ]
 
 
@@ -232,6 +238,18 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
                                     count=per * passes * c(u) / 3.0, rc=per * rc * c(u) / 3.0,
                                     rf=per * rf * c(u) / 3.0, eg=per * passes * c(u) / 3.0)
           for u, n in (("eager_h", c("T_sp") * c("h")), ("eager_f", c("T") * c("topk") * c("f") / c("t")))],
+        # transformers' eager attention (core.frameworks EAGER_ATTENTION): the score matrix [seqs, heads/tp, s, s/cp]
+        # written, scaled, masked, softmaxed in fp32, cast back and read in every forward (policy, recompute, live
+        # reference) and its backward, timed as 'add' kernels (3 moves per element) moving the same bytes; the score
+        # GEMMs' FLOPs stay in the attention queries above.
+        b.filter(c("eager_attn") > 0).select(
+            "row", "hardware", "dtype", op=pl.lit("add"), numel=_i(c("seqs") * c("a") / c("t") * c("s") * c("s") / c("cp")),
+            count=c("Lps") * c("mbs") * ((c("attn_fwd_extra") + 1.0) * EAGER_ATTENTION.fwd_per_score
+                                         + EAGER_ATTENTION.bwd_per_score) / 3.0,
+            rc=c("Lps") * c("mbs") * (c("rc_full") + c("rc_attn")) * EAGER_ATTENTION.fwd_per_score / 3.0,
+            rf=c("Lps") * c("mbs") * c("ref") * EAGER_ATTENTION.fwd_per_score / 3.0,
+            eg=c("Lps") * c("mbs") * ((c("attn_fwd_extra") + 1.0) * EAGER_ATTENTION.fwd_per_score
+                                      + EAGER_ATTENTION.bwd_per_score) / 3.0),
         # TRL's fused head on CPU (features.trl.head_passes): its torch fold, in cross-entropy fwd+bwd units,
         # scaled by the fitted calibration (calibration.TrlCalibration).
         b.filter(c("head_fold") > 0).select("row", "hardware", "dtype", op=pl.lit("cross_entropy"),
@@ -307,7 +325,7 @@ def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
 # Those functions get only these columns, so one that reads another fails at once (add it here), never silently.
 COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv", "hd", "h", "f", "gate", "t",
                   "experts", "topk", "seqs", "s", "cp", "fwd_mult", "attn_fwd_extra", "head_ce", "head_fold",
-                  "head_fwd", "ref", "rc_attn", "rc_full", "sel_elem", "sel_gemm", "eager_h", "eager_f")
+                  "head_fwd", "ref", "rc_attn", "rc_full", "sel_elem", "sel_gemm", "eager_h", "eager_f", "eager_attn")
 
 
 def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
