@@ -12,8 +12,13 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfpredict.core.frameworks import (DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, EAGER_ATTENTION,
-                                         HF_EAGER_LAYER, RUNTIMES)
+from perfpredict.core.frameworks import (
+    DS_PREFETCH_BUCKET_HIDDEN2,
+    DS_REDUCE_BUCKET_HIDDEN2,
+    EAGER_ATTENTION,
+    HF_EAGER_LAYER,
+    RUNTIMES,
+)
 from perfpredict.features.compute import forward_passes, hf_trainer, on_cpu, runtime_is, selective_share
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
