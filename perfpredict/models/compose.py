@@ -484,11 +484,17 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         pl.when(c("family") == "membound").then(0.5)
         .otherwise(c("pass_").replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64))
     ).otherwise(0.0) * work
-    # Each row's sums: the terms below per query (0 where a query is not one), added up per row id in numpy (a
-    # group_by over ~100k queries cost more than the whole sum).
-    terms = q.select(
-        *[pl.when(c("part") == p).then(work).otherwise(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather",
-                                                                                              "trlfold")],
+    # Each row's sums, added up per row id in numpy (a group_by over ~100k queries cost more than the whole sum):
+    # the parts and the TRL families by one bincount each over (row id, part) and (row id, family) cells, which adds
+    # each cell's queries in the same order as a bincount per column with 0 elsewhere (x + 0.0 == x: the same sums).
+    parts, fams = (*PARTS, "dpgather", "trlfold"), TRL_FAMILIES
+    per_query = q.select(
+        _row=c("row"),
+        _part=c("part").replace_strict({p: i for i, p in enumerate(parts)}, default=-1, return_dtype=pl.Int64)
+        .fill_null(-1),
+        _fam=pl.when(timed).then(c("family").replace_strict({f: i for i, f in enumerate(fams)}, default=-1,
+                                                            return_dtype=pl.Int64)).otherwise(-1).fill_null(-1),
+        _work=work.fill_null(0.0),
         k_bwd_s=bwd,
         # Kernel launches: the eager-op queries are byte equivalents, not kernel counts; their launches stay in
         # UNTIMED_FWD/BWD_PER_LAYER (the launch floor is fitted on those counts).
@@ -497,16 +503,22 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0),
         k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0),
         k_hf_eager_s=pl.when(timed).then(c("kt") * c("eg")).otherwise(0.0),
-        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0) for f in TRL_FAMILIES},
-        _row=c("row"),
-    ).with_columns(pl.exclude("_row").fill_null(0.0)).collect()
-    ids, rows = terms["_row"].to_numpy(), n + tasks.height
-    terms = terms.drop("_row")
-    sums = np.column_stack([np.bincount(ids, weights=terms[k].cast(pl.Float64).to_numpy(), minlength=rows)
-                            for k in terms.columns]) if terms.width else np.zeros((rows, 0))
+    ).with_columns(pl.exclude("_row", "_part", "_fam").fill_null(0.0).cast(pl.Float64)).collect()
+    ids, rows = per_query["_row"].to_numpy().astype(np.int64), n + tasks.height
+    work_q = per_query["_work"].to_numpy()
+
+    def cells(code: np.ndarray, width: int) -> np.ndarray:
+        on = code >= 0
+        return np.bincount(ids[on] * width + code[on], weights=work_q[on], minlength=rows * width).reshape(rows, width)
+
+    named = ["k_bwd_s", "n_timed", "k_recompute_s", "k_reference_s", "k_hf_eager_s"]
+    columns = [f"k_{p}_raw_s" for p in parts] + named + [f"k_{f}_s" for f in fams]
+    sums = np.column_stack([cells(per_query["_part"].to_numpy(), len(parts))]
+                           + [np.bincount(ids, weights=per_query[k].to_numpy(), minlength=rows) for k in named]
+                           + [cells(per_query["_fam"].to_numpy(), len(fams))])
     # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
     sums = (sums[:n] + sums[n + of_task])[of_row]
-    return desc.hstack(pl.DataFrame({k: sums[:, i] for i, k in enumerate(terms.columns)}))
+    return desc.hstack(pl.DataFrame({k: sums[:, i] for i, k in enumerate(columns)}))
 
 
 def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float] | None = None) -> pl.DataFrame:
