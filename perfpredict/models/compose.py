@@ -464,9 +464,10 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
 def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     """desc with each part's raw kernel seconds (k_<part>_raw_s), its backward share and timed-kernel count: the
     kernel models' work, which no launch floor or calibration changes (the grid searches reuse it)."""
-    # Plans that ask the same kernels (one row of _base) are composed once (models.shapes), and their compute kernels
-    # once per work shape (ids n.. after the n distinct rows' own).
-    shapes, of_row = distinct_rows(_base(desc).drop("row"))
+    # Each row's communication queries are its own: a ranking's rows repeat in _base about 1 % of the time (the
+    # canonical plans that are plans themselves), so deduplicating whole rows cost more than it saved. Their compute
+    # kernels are composed once per work shape (models.shapes; ids n.. after the n rows' own).
+    shapes = _base(desc).drop("row")
     n = shapes.height
     tasks, of_task = distinct_rows(shapes.select(COMPUTE_INPUTS))
     q = _queries(shapes.with_row_index("row"), tasks.with_row_index("row", offset=n))
@@ -517,7 +518,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
                            + [np.bincount(ids, weights=per_query[k].to_numpy(), minlength=rows) for k in named]
                            + [cells(per_query["_fam"].to_numpy(), len(fams))])
     # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
-    sums = (sums[:n] + sums[n + of_task])[of_row]
+    sums = sums[:n] + sums[n + of_task]
     return desc.hstack(pl.DataFrame({k: sums[:, i] for i, k in enumerate(columns)}))
 
 
