@@ -477,46 +477,50 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     kt = np.empty(q.height)
     kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict_remembered(groups.drop("_q")),
                                                       groups["_q"].list.len().to_numpy())
-    q = q.lazy().with_columns(kt=pl.Series(kt), **{k: c(k).fill_null(0.0) if k in q.columns else pl.lit(0.0)
-                                                   for k in ("rc", "rf", "eg")})
-    timed = c("part") == "compute"
-    work = c("kt") * c("count")
-    bwd = pl.when(timed).then(
-        pl.when(c("family") == "membound").then(0.5)
-        .otherwise(c("pass_").replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64))
-    ).otherwise(0.0) * work
-    # Each row's sums, added up per row id in numpy (a group_by over ~100k queries cost more than the whole sum):
-    # the parts and the TRL families by one bincount each over (row id, part) and (row id, family) cells, which adds
-    # each cell's queries in the same order as a bincount per column with 0 elsewhere (x + 0.0 == x: the same sums).
+    # Each row's sums, added up per row id in numpy (a group_by over ~100k queries cost more than the whole sum), from
+    # numpy columns of the queries (polars' fixed cost per expression was most of this at a ranking's size): the
+    # parts and the TRL families by one bincount each over (row id, part) and (row id, family) cells, which adds each
+    # cell's queries in the same order as a bincount per column with 0 elsewhere (x + 0.0 == x: the same sums). A
+    # null count or backward share counts 0, as polars' fill_null did.
     parts, fams = (*PARTS, "dpgather", "trlfold"), TRL_FAMILIES
-    per_query = q.select(
-        _row=c("row"),
-        _part=c("part").replace_strict({p: i for i, p in enumerate(parts)}, default=-1, return_dtype=pl.Int64)
-        .fill_null(-1),
-        _fam=pl.when(timed).then(c("family").replace_strict({f: i for i, f in enumerate(fams)}, default=-1,
-                                                            return_dtype=pl.Int64)).otherwise(-1).fill_null(-1),
-        _work=work.fill_null(0.0),
-        k_bwd_s=bwd,
+
+    def codes(col: str, names: tuple[str, ...]) -> np.ndarray:
+        return q[col].replace_strict({v: i for i, v in enumerate(names)}, default=-1, return_dtype=pl.Int64
+                                     ).fill_null(-1).to_numpy()
+
+    def floats(col: str) -> np.ndarray:
+        return q[col].cast(pl.Float64).fill_null(0.0).to_numpy() if col in q.columns else np.zeros(q.height)
+
+    part, fam = codes("part", parts), codes("family", fams)
+    timed = part == parts.index("compute")
+    count_null = q["count"].is_null().to_numpy()
+    count, rc, rf, eg = floats("count"), floats("rc"), floats("rf"), floats("eg")
+    work_q = np.where(count_null, 0.0, kt * count)
+    share = q["pass_"].replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64)
+    membound = fam == fams.index("membound")
+    bwd_null = timed & ~membound & share.is_null().to_numpy()
+    bwd = np.where(timed, np.where(membound, 0.5, share.fill_null(0.0).to_numpy()), 0.0) * work_q
+    per_query = {
+        "k_bwd_s": np.where(bwd_null, 0.0, bwd),
         # Kernel launches: the eager-op queries are byte equivalents, not kernel counts; their launches stay in
         # UNTIMED_FWD/BWD_PER_LAYER (the launch floor is fitted on those counts).
-        n_timed=pl.when(timed).then(c("count") - c("eg")).otherwise(0.0),
+        "n_timed": np.where(timed & ~count_null, count - eg, 0.0),
         # Of the compute: recompute's forward work and the live reference's forward (engine terms for --explain).
-        k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0),
-        k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0),
-        k_hf_eager_s=pl.when(timed).then(c("kt") * c("eg")).otherwise(0.0),
-    ).with_columns(pl.exclude("_row", "_part", "_fam").fill_null(0.0).cast(pl.Float64)).collect()
-    ids, rows = per_query["_row"].to_numpy().astype(np.int64), n + tasks.height
-    work_q = per_query["_work"].to_numpy()
+        "k_recompute_s": np.where(timed, kt * rc, 0.0),
+        "k_reference_s": np.where(timed, kt * rf, 0.0),
+        "k_hf_eager_s": np.where(timed, kt * eg, 0.0),
+    }
+    ids, rows = q["row"].cast(pl.Int64).to_numpy(), n + tasks.height
+    fam = np.where(timed, fam, -1)
 
     def cells(code: np.ndarray, width: int) -> np.ndarray:
         on = code >= 0
         return np.bincount(ids[on] * width + code[on], weights=work_q[on], minlength=rows * width).reshape(rows, width)
 
-    named = ["k_bwd_s", "n_timed", "k_recompute_s", "k_reference_s", "k_hf_eager_s"]
-    columns = [f"k_{p}_raw_s" for p in parts] + named + [f"k_{f}_s" for f in fams]
-    sums = np.column_stack([cells(per_query["_part"].to_numpy(), len(parts))]
-                           + [np.bincount(ids, weights=per_query[k].to_numpy(), minlength=rows) for k in named]
-                           + [cells(per_query["_fam"].to_numpy(), len(fams))])
+    columns = [f"k_{p}_raw_s" for p in parts] + list(per_query) + [f"k_{f}_s" for f in fams]
+    sums = np.column_stack([cells(part, len(parts))]
+                           + [np.bincount(ids, weights=v, minlength=rows) for v in per_query.values()]
+                           + [cells(fam, len(fams))])
     # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
     sums = sums[:n] + sums[n + of_task]
     return desc.hstack(pl.DataFrame({k: sums[:, i] for i, k in enumerate(columns)}))
