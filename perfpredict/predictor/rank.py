@@ -97,7 +97,7 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
 # one process: they depend on nothing else (no bundle: the predictions are made anew each time), all four are frozen
 # values, and polars frames are immutable. `--gpus auto`, what would fit, the API in a server and a repeated ranking
 # ask the same scenarios again; enumerating and describing a 70B ranking's 7,104 plans was a third of its time.
-# A few scenarios only (one 512-GPU ranking holds ~10 MB of descriptors).
+# A few scenarios only: 70B on 512 GPUs holds 4.4 MB of descriptors, Mixtral on 64 GPUs 8 MB (13k plans).
 SCENARIO_MEMO_SIZE = 8
 _scenario_memo: OrderedDict[tuple, tuple[pl.DataFrame, tuple | None, Counter]] = OrderedDict()
 
@@ -120,6 +120,8 @@ def _described_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spa
             described, canon = _host_ram_checked(model, cluster, workload, plans, own)
         finally:
             rej.counts.update(own.counts)
+        if canon is not None:
+            canon[1].flags.writeable = False  # shared by the rankings that reuse it
         hit = (described, canon, own.counts)
         if SCENARIO_MEMO_SIZE:
             _scenario_memo[key] = hit
