@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
@@ -128,7 +129,8 @@ def _described_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spa
             while len(_scenario_memo) > SCENARIO_MEMO_SIZE:
                 _scenario_memo.popitem(last=False)
         return described, canon
-    _scenario_memo.move_to_end(key)
+    with contextlib.suppress(KeyError):  # another thread's ranking may have let it go meanwhile
+        _scenario_memo.move_to_end(key)
     rej.counts.update(hit[2])
     return hit[0], hit[1]
 
