@@ -145,3 +145,15 @@ def test_torch_adamw_foreach_allocates_one_moment_copy_of_the_whole_group():
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=True)
     opt.step()  # the moments are allocated at the first step; the second is the steady state
     assert profiled_peak_bytes(opt.step) / (n * numel) == pytest.approx(4.0, abs=0.01)
+
+
+@pytest.mark.parametrize("framework, zero", [("fsdp", 3), ("fsdp", 2), ("deepspeed", 3), ("deepspeed", 2),
+                                             ("deepspeed", 1), ("trl+fsdp", 3), ("trl+deepspeed", 3)])
+def test_more_sharding_never_raises_the_peak(framework, zero):
+    """Sharding the states (and the step's units) over more ranks never raises the peak rank's memory, whichever
+    moment is the peak."""
+    dpo = Workload(objective="dpo", seq_len=512, global_batch=64, reference="precomputed")
+    peaks = [_described("llama-3.1-8b", "h100-sxm-80gb", dp, [
+        Plan(dp=dp, zero=zero, framework=framework, micro_batch=1, grad_accum=64 // dp, recompute="full")],
+        dpo)["d_mem_gib"][0] for dp in (2, 4, 8)]
+    assert peaks[0] >= peaks[1] >= peaks[2]
