@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import polars as pl
 
-from perfpredict.features.compute import (hf_trainer, no_sync_grad_bytes, on_cpu, params_on_host, runtime_from_zero,
-                                          runtime_is)
+from perfpredict.features.compute import (
+    hf_trainer,
+    no_sync_grad_bytes,
+    on_cpu,
+    params_on_host,
+    runtime_from_zero,
+    runtime_is,
+)
 
 c = pl.col
 
