@@ -229,6 +229,30 @@ class EagerLayerTraffic:
 
 
 HF_EAGER_LAYER = EagerLayerTraffic()
+
+
+@dataclass(frozen=True)
+class EagerAttentionTraffic:
+    """What transformers' eager attention (attn_implementation "eager": no flash kernel; the only non-flash path
+    of Mistral and Mixtral before transformers 4.37, which added their SDPA classes) moves through memory per
+    element of the materialised score matrix [micro-batch sequences, heads, s, s], in 16-bit element moves (an fp32
+    element counts 2), beyond the fused attention kernel timed for the same FLOPs. Read from transformers 5.24.0
+    (installed) models/mistral/modeling_mistral.py:96-118 eager_attention_forward, the same op sequence as the 4.36
+    MistralAttention.forward the alignment handbook's DPO run used:
+    - forward: `matmul(query, key^T)` writes the scores (1); `* scaling` (1 read, 1 written); `+ attention_mask`
+      (1, 1; the [b, 1, s, s] mask is broadcast over the heads); `softmax(..., dtype=float32)` (1 read, 2 written);
+      `.to(query.dtype)` (2, 1); `matmul(attn_weights, value)` reads them (1): 12. `dropout(p=0.0)` returns its
+      input without a kernel (torch: F.dropout(x, 0.0, True) is x, checked on the installed torch).
+    - backward (autograd of the same ops): dP = dO V^T written (1) and P read for dV (1); the cast's backward to fp32
+      (1, 2); softmax backward reading the fp32 gradient and output, writing the input-dtype gradient (2 + 2, 1); the
+      scaling's backward (1, 1); dS read for dQ and dK (2): 14.
+    The score GEMMs' FLOPs stay with the attention kernel's time (models.compose)."""
+
+    fwd_per_score: float = 12.0
+    bwd_per_score: float = 14.0
+
+
+EAGER_ATTENTION = EagerAttentionTraffic()
 _MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit="Megatron-LM arguments",
                        config="megatron-lm")
 # NeMo-Aligner's Megatron DPO trainer: preference_loss dpo / ipo / rpo_*, distributed_fused_adam (ZeRO-1-like), the

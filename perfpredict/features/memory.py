@@ -30,7 +30,8 @@ def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
     from perfpredict.core.frameworks import RUNTIME
     from perfpredict.core.scenario import PLAN_COLUMN_DEFAULTS
 
-    dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean}
+    dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean,
+              "p_eager_attention": pl.Boolean}
     df = df.with_columns([
         (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
         for k, v in PLAN_COLUMN_DEFAULTS.items()])
@@ -178,7 +179,13 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     sbh = s * b * h * act_bytes
     t = _tp()
     repl = pl.when(c("p_sp")).then(c("d_act_repl_coef") / t).otherwise(c("d_act_repl_coef"))
-    full_layer = sbh * (repl + c("d_act_shard_coef") / t)
+    # transformers' eager attention (plan eager_attention) keeps each layer's scores for its backward: softmax saves
+    # its fp32 output (4 B per score) and the second matmul the 16-bit cast of it (2 B; core.frameworks
+    # EAGER_ATTENTION), [b, heads/tp, s/cp, s] per layer; the fused kernels keep none.
+    a = c("m_heads").cast(pl.Float64)
+    eager_scores = pl.when(c("p_eager_attention").fill_null(False)).then(
+        6.0 * b * a / t * s * c("w_seq_len").cast(pl.Float64)).otherwise(0.0)
+    full_layer = sbh * (repl + c("d_act_shard_coef") / t) + eager_scores
     layer_input = pl.when(c("p_sp")).then(2.0 * sbh / t).otherwise(2.0 * sbh)
     per_layer = pl.when(c("p_recompute") == "full").then(layer_input).otherwise(full_layer)
     pp = c("p_pp").cast(pl.Float64)
