@@ -357,8 +357,9 @@ def explain(ranking: Ranking) -> str:
     lines.append(f"Memory: states {a['mem_states_gib']:.1f} vs {b['mem_states_gib']:.1f}, activations "
                  f"{a['mem_activations_gib']:.1f} vs {b['mem_activations_gib']:.1f}, logits {a['mem_logits_gib']:.1f} vs "
                  f"{b['mem_logits_gib']:.1f}, reference {a['mem_reference_gib']:.1f} vs {b['mem_reference_gib']:.1f}, "
-                 f"gathered parameters {a['mem_other_gib']:.1f} vs {b['mem_other_gib']:.1f} GiB (the peak rank's parts; "
-                 "they add up to its peak).")
+                 f"other (gathered parameters, buckets, the optimizer step's temporaries) {a['mem_other_gib']:.1f} vs "
+                 f"{b['mem_other_gib']:.1f} GiB (the peak rank's parts at its peak moment, the backward or the "
+                 "optimizer step; they add up to its peak).")
     lines.append(fit_line(a))
     return "\n".join(lines)
 
