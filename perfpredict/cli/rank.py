@@ -120,7 +120,11 @@ def rank_cmd(
     for note in rep.notes:
         say(note)
     if fit.height:
-        say(plan_table(fit.head(top), unit, f"top {min(top, fit.height)} plans by predicted {unit}/s"))
+        # ordered by the expected throughput over the pipeline-stall regimes (models.stall): with a stall risk
+        # shown, the order can differ from the column's stall-free figure
+        stalls = "stall_risk" in fit.columns and bool((fit.head(top)["stall_risk"] >= 0.005).any())
+        say(plan_table(fit.head(top), unit, f"top {min(top, fit.height)} plans by predicted {unit}/s"
+                       + (" (expected over P(stall))" if stalls else "")))
     if r.misses.height:
         say(rep.misses)
     if explain and fit.height:
