@@ -126,3 +126,30 @@ def test_stall_free_guard_reads_a_declared_attribute():
     keys = ["3d:h100:multi-node|pp-cross-node", "3d:h100:multi-node"]
     iv.outside_keys_ = {"3d:h100:multi-node": (-0.1, np.log10(2.0))}
     np.testing.assert_allclose(stall_free(t, k, keys, iv.outside_keys_), [2.0, 10.0])
+
+
+def test_without_a_learned_stall_the_correction_stands():
+    """A stall model that learned no family (a training set without multi-node stalls, e.g. the playbook held out
+    by width or scale) changes no prediction: the point and its interval are the correction's, as without one."""
+    from dataclasses import replace
+
+    from perfpredict.core.catalog import get_gpu, get_model
+    from perfpredict.core.hardware import Cluster
+    from perfpredict.core.plan import Plan
+    from perfpredict.core.workload import Workload
+    from perfpredict.features.descriptors import describe
+    from perfpredict.features.frame import plans_frame
+    from perfpredict.models.bundle import default_bundle
+
+    b = default_bundle()
+    model = get_model("llama-3.2-1b")
+    plans = [Plan(framework="nanotron", tp=2, pp=pp, dp=dp, micro_batch=1, grad_accum=8, zero=1)
+             for pp, dp in ((4, 8), (8, 4), (1, 32))]
+    empty = StallModel().fit(_runs().with_columns(c_nodes=pl.lit(1)))  # no multi-node run: no family in scope
+    assert empty.classifier_ is None
+    frame = b.compose(describe(plans_frame(model, Cluster(get_gpu("h100-sxm-80gb"), 8, 8),
+                                           Workload(objective="pretrain", seq_len=2048, global_batch=256), plans)))
+    with_empty, without = replace(b, stall=empty).apply(frame), replace(b, stall=None).apply(frame)
+    for k in ("pred_time_s", "pred_time_lo_s", "pred_time_hi_s", "pred_expected_time_s"):
+        np.testing.assert_array_equal(with_empty[k], without[k])
+    assert (with_empty["pred_stall_p"] == 0).all()
