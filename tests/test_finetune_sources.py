@@ -13,7 +13,15 @@ from typer.testing import CliRunner
 from perfpredict.cli import app
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.scenario import Scenario
-from perfpredict.importers import TRANSCRIBED, import_public, liger_examples, msswift, nemo_automodel
+from perfpredict.importers import (
+    TRANSCRIBED,
+    alignment_handbook,
+    hf_blog_ds_fsdp,
+    import_public,
+    liger_examples,
+    msswift,
+    nemo_automodel,
+)
 from perfpredict.importers.transcribed import CSV_NAME, read_rows, scenario_of
 from perfpredict.train.evaluate import held_out_sources
 
@@ -37,7 +45,8 @@ def _row(folder: str, row_id: str) -> dict:
 def test_reimport_reproduces_the_committed_files(reimported):
     out, counts = reimported
     assert counts == {"msswift_examples/runs.parquet": 9, "nemo_automodel/runs.parquet": 1,
-                      "liger_hf_examples/runs.parquet": 10}
+                      "liger_hf_examples/runs.parquet": 10, "alignment_handbook/runs.parquet": 4,
+                      "hf_blog_ds_fsdp/runs.parquet": 2}
     for folder in SOURCES:
         fresh = pl.read_parquet(out / folder / "runs.parquet")
         assert fresh.equals(pl.read_parquet(COMMITTED / folder / "runs.parquet")), f"{folder}: rerun the importer"
@@ -178,6 +187,7 @@ def test_cli_held_out_source():
 def test_module_specs_point_at_their_folders():
     assert msswift.UPSTREAM.folder == "msswift_examples" and nemo_automodel.UPSTREAM.folder == "nemo_automodel"
     assert liger_examples.UPSTREAM.folder == "liger_hf_examples"
+    assert alignment_handbook.UPSTREAM.folder == "alignment_handbook" and hf_blog_ds_fsdp.UPSTREAM.folder == "hf_blog_ds_fsdp"
 
 
 def test_refit_fits_without_the_held_out_sources(monkeypatch):
@@ -341,3 +351,71 @@ def test_emit_writes_use_liger_kernel_for_a_fused_head():
     plan = Plan(framework="deepspeed", dp=4, zero=3, micro_batch=1, grad_accum=2, recompute="full", fused_head=True)
     assert '"use_liger_kernel": true' in emit("deepspeed", plan=plan, **kw)["trl_dpo_args.json"]
     assert "use_liger_kernel" not in emit("deepspeed", plan=replace(plan, fused_head=False), **kw)["trl_dpo_args.json"]
+
+
+# The alignment handbook's Hub metrics (Trainer train_results.json / all_results.json) with the recipes' plans.
+HANDBOOK_REFERENCE = [
+    # row, objective, micro-batch, grad accum, seq_len, train_runtime (s), optimizer steps
+    # zephyr-7b-dpo-full@b227adb: "train_runtime": 5328.4749, "train_samples": 61135 (ceil(61135 / 128) = 478 steps)
+    ("zephyr-7b-dpo-full", "dpo", 8, 2, 1024, 5328.4749, 478),
+    # zephyr-7b-sft-full@8104d49: "train_runtime": 5608.2856, "train_steps_per_second": 0.194 (1,088 steps)
+    ("zephyr-7b-sft-full", "sft", 16, 1, 2048, 5608.2856, 1088),
+    # mistral-7b-grok all_results.json: "train_runtime": 5277.8235; model card: 545 steps, total_train_batch_size 256
+    ("mistral-7b-grok", "sft", 8, 4, 2048, 5277.8235, 545),
+]
+
+
+@pytest.mark.parametrize("row_id,objective,mb,ga,seq,runtime_s,steps", HANDBOOK_REFERENCE)
+def test_alignment_handbook_reference_numbers(row_id, objective, mb, ga, seq, runtime_s, steps):
+    r = _row("alignment_handbook", row_id)
+    assert (r["m_name"], r["g_name"], r["c_gpus"], r["p_framework"], r["p_zero"], r["p_dp"]) == \
+        ("mistral-7b", "h100-sxm-80gb", 8, "deepspeed", 3, 8)
+    assert (r["w_objective"], r["p_micro_batch"], r["p_grad_accum"], r["w_seq_len"], r["p_recompute"]) == \
+        (objective, mb, ga, seq, "full")
+    assert r["step_time_s"] == pytest.approx(runtime_s / steps, abs=1e-4)
+    assert r["peak_memory_gib"] is None  # the Hub metrics hold no memory
+    # the DPO run keeps TRL's live reference (run_dpo.py passes ref_model = model; a ZeRO-3 inference engine)
+    assert r["w_reference"] == ("live" if objective == "dpo" else "none")
+
+
+def test_alignment_handbook_dpo_and_sft_move_the_same_tokens():
+    """128 pairs x 2 x 1,024 (the cap) = 128 packed x 2,048 tokens per step: one model, node and engine, so the
+    measured 2.16x between the two steps is the DPO trainer's, not the batch's."""
+    dpo, sft = _row("alignment_handbook", "zephyr-7b-dpo-full"), _row("alignment_handbook", "zephyr-7b-sft-full")
+    assert dpo["w_global_batch"] * dpo["w_seqs_per_sample"] * dpo["w_seq_len"] == \
+        sft["w_global_batch"] * sft["w_seqs_per_sample"] * sft["w_seq_len"] == 262144
+    assert dpo["step_time_s"] / sft["step_time_s"] == pytest.approx(2.16, abs=0.01)
+
+
+def test_alignment_handbook_skips_foreign_pushes():
+    rows = {r["row_id"]: r for _, r in read_rows(COMMITTED / "alignment_handbook")}
+    assert rows["zephyr-7b-dpo-full-edda139"]["status"] == "skip"  # 780 s, loss 0.080: not the recipe's run
+    assert rows["community-reruns"]["status"] == "skip" and "hardware is not stated" in rows["community-reruns"]["skip_reason"]
+    assert rows["mistral-7b-anthropic"]["status"] == "skip" and "half evaluation" in rows["mistral-7b-anthropic"]["skip_reason"]
+    assert sum(r["status"] == "ok" for r in rows.values()) == 4
+
+
+def test_alignment_handbook_orpo_141b_on_four_nodes():
+    """zephyr-orpo-141b-A35b-v0.1 all_results.json: "train_runtime": 4771.9621, 3 epochs of "train_samples": 6932 at 32
+    pairs per step (1 per GPU, 4 nodes of 8 H100, FSDP FULL_SHARD): 3 x ceil(6932 / 32) = 651 steps; the card's "1.3
+    hours" is 4,772 s. Mixtral-8x22B: 140.6B parameters (config.json), 141B published."""
+    r = _row("alignment_handbook", "zephyr-orpo-141b-A35b")
+    assert (r["m_name"], r["c_gpus"], r["c_nodes"], r["p_framework"], r["p_zero"], r["p_dp"]) == \
+        ("mixtral-8x22b", 32, 4, "fsdp", 3, 32)
+    assert (r["w_objective"], r["w_reference"], r["w_global_batch"], r["w_seq_len"]) == ("orpo", "none", 32, 2048)
+    assert r["step_time_s"] == pytest.approx(4771.9621 / 651, abs=1e-4)
+    assert 4771.9621 / 3600 == pytest.approx(1.3, abs=0.05)
+
+
+def test_hf_blog_ds_fsdp_reference_numbers():
+    """deepspeed-to-fsdp-and-back.md Table 3: "FSDP (aligned mode) | 3158.7 | 10.4 | 0.41" and "DeepSpeed | 3094.5 |
+    10.6 | 0.40" (tokens/s/device, step s, MFU) for Granite 7B (Llama 2 shapes), batch 8 per device, 4 A100."""
+    for row_id, framework, tok_s, step_s in (("granite-7b-fsdp-aligned", "fsdp", 3158.7, 10.4),
+                                              ("granite-7b-deepspeed-zero3", "deepspeed", 3094.5, 10.6)):
+        r = _row("hf_blog_ds_fsdp", row_id)
+        assert (r["m_name"], r["g_name"], r["c_gpus"], r["p_framework"], r["p_zero"], r["p_micro_batch"]) == \
+            ("llama-2-7b", "a100-sxm-80gb", 4, framework, 3, 8)
+        assert r["step_time_s"] == step_s
+        # the published tokens/s per device and step time agree with batch 8 x 4,096 tokens within their rounding
+        assert tok_s * step_s / (8 * r["w_seq_len"]) == pytest.approx(1.0, abs=0.003)
+        assert r["tokens_per_s"] / 4 == pytest.approx(tok_s, rel=0.003)

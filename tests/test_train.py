@@ -20,7 +20,8 @@ runner = CliRunner()
 MEASURED_SOURCES = {"ours-cpu", "ours-gpu", "vtrain", "ultrascale_playbook", "vidur", "azure_ai_benchmarking",
                     "aiconfigurator",
                     # published GPU fine-tuning runs transcribed from upstream text (tests/test_finetune_sources.py)
-                    "msswift_examples", "nemo_automodel", "liger_hf_examples"}
+                    "msswift_examples", "nemo_automodel", "liger_hf_examples", "alignment_handbook",
+                    "hf_blog_ds_fsdp"}
 
 
 @pytest.fixture(scope="module")

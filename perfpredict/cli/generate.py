@@ -337,6 +337,12 @@ def silicon_report(res: dict) -> list:
         out.append(f"{pb['rows']} runs live shorter than the composed prefill of their prompts alone (a closed loop of "
                    f"fresh prompts cannot; {'; '.join(pb['by_model'])}): without them tok/s per GPU "
                    f"{pct(w['dense']['throughput_mape'])} dense, {pct(w['moe']['throughput_mape'])} MoE")
+    for split in ("model", "gpu", "backend"):
+        u = res.get(f"held_out_{split}", {}).get("as_used")
+        if u and "dense" in u and "moe" in u:
+            out.append(f"held out by {split}, as used (the correction only where used): tok/s per GPU "
+                       f"{pct(u['dense']['throughput_mape'])} dense, {pct(u['moe']['throughput_mape'])} MoE; TTFT "
+                       f"{pct(u['dense']['ttft_mape'])} dense, {pct(u['moe']['ttft_mape'])} MoE")
     used = res["correction_used"]
     for q, what in (("tpot", "TPOT / throughput (a scale per backend x dense/MoE)"),
                     ("ttft", "TTFT (grouped returns + opening burst + a fixed front-end time, pooled over backends)")):

@@ -14,7 +14,9 @@ from pathlib import Path
 
 from perfpredict.importers import (
     aiconfigurator,
+    alignment_handbook,
     azure,
+    hf_blog_ds_fsdp,
     liger_examples,
     msswift,
     nemo_automodel,
@@ -25,7 +27,8 @@ from perfpredict.importers import (
 
 IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure,
              "aiconfigurator": aiconfigurator}
-TRANSCRIBED = {"msswift_examples": msswift, "nemo_automodel": nemo_automodel, "liger_hf_examples": liger_examples}
+TRANSCRIBED = {"msswift_examples": msswift, "nemo_automodel": nemo_automodel, "liger_hf_examples": liger_examples,
+               "alignment_handbook": alignment_handbook, "hf_blog_ds_fsdp": hf_blog_ds_fsdp}
 
 
 # Where the transcriptions are committed (the repository's datasets/public): an import into another folder still

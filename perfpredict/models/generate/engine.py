@@ -26,7 +26,9 @@ whatever the batch, that is ~pp times the TP step at the same concurrency: PP is
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -311,3 +313,83 @@ def roofline_tpot(m: ModelSpec, gpu: GPUSpec, par: Parallel, *, concurrency: flo
 
 def as_array(x) -> np.ndarray:
     return np.atleast_1d(np.asarray(x, dtype=float))
+
+
+
+
+def benchmark_ttft(*, concurrency: float, prompt: int, output_len: int, budget_tokens: int, decode_step_s: float,
+                   prefill_token_s: float, rounds: int = 20, prefill_first: bool = False) -> float:
+    """Mean TTFT of a fixed-concurrency benchmark of equal requests, stepped as the engine schedules them.
+
+    The client (AIPerf as AIConfigurator runs it: `--concurrency c --num-requests 20c --warmup-request-count 2c`,
+    ai-dynamo/aiconfigurator tests/baseline/*/bench_run.sh; AIPerf waits for every warmup response before the
+    profiling phase starts, its docs "Warmup Phase Configuration", Grace Period) sends c prompts at once, then a
+    new one as each finishes, until rounds x c have been sent. Each step the engine gives every decoding request one token
+    and prefills waiting prompts FCFS in what is left of max_num_batched_tokens, a prompt taking min(its remaining
+    tokens, the budget left) (vLLM V1: vllm/v1/core/sched/scheduler.py, Scheduler.schedule, RUNNING before
+    WAITING, `num_new_tokens = min(num_new_tokens, token_budget)`). With prefill_first (SGLang:
+    python/sglang/srt/managers/scheduler.py, Scheduler.get_next_batch_to_run, "Run prefill first if possible")
+    a step with a prompt waiting is a prefill batch alone and the decodes wait for it. A prompt's first token
+    comes at the end of the step that computes its last chunk; a prompt that reaches the engine during a step is
+    first scheduled in the step after the next (the next is already scheduled: async scheduling). Step time:
+    decode_step_s when the step runs anything (the weights are read whatever the batch) plus prefill_token_s per
+    prompt token in it. Stretches of decode-only steps are jumped over."""
+    c = max(1, int(round(concurrency)))
+    total = max(rounds, 1) * c
+    incoming: deque[tuple[int, float]] = deque([(0, 0.0)] * c)  # (first step it can join, time the client sent it)
+    waiting: deque[list[float]] = deque()
+    sent, n_dec, dsteps, step, t = c, 0, 0, 0, 0.0
+    fin: list[tuple[int, int]] = []   # (decode steps run when the group emits its last token, requests)
+    sum_ttft, n_ttft = 0.0, 0
+    while waiting or n_dec or incoming:
+        while incoming and incoming[0][0] <= step:
+            waiting.append([float(prompt), incoming.popleft()[1]])
+        if not waiting:
+            if not n_dec:  # idle engine: the next prompt is scheduled as it arrives
+                step = incoming[0][0]
+                continue
+            skip = fin[0][0] - dsteps - 1
+            if incoming:
+                skip = min(skip, incoming[0][0] - step)
+            if skip > 0:
+                t += skip * decode_step_s
+                dsteps += skip
+                step += skip
+                continue
+        run_dec = n_dec > 0 and not (prefill_first and waiting)
+        left = budget_tokens - (n_dec if run_dec else 0)
+        p_tok = 0.0
+        firsts = []
+        while waiting and left > 0:
+            q = waiting[0]
+            take = min(q[0], left)
+            q[0] -= take
+            left -= take
+            p_tok += take
+            if q[0] > 0:
+                break
+            firsts.append(waiting.popleft())
+        dt = (decode_step_s if (run_dec or p_tok) else 0.0) + prefill_token_s * p_tok
+        t += dt
+        done = 0
+        if run_dec:
+            dsteps += 1
+            while fin and fin[0][0] <= dsteps:
+                done += heapq.heappop(fin)[1]
+            n_dec -= done
+        for q in firsts:
+            sum_ttft += t - q[1]
+            n_ttft += 1
+        if firsts:
+            if output_len > 1:
+                heapq.heappush(fin, (dsteps + output_len - 1, len(firsts)))
+                n_dec += len(firsts)
+            else:
+                done += len(firsts)
+        new = min(done, total - sent)
+        if new > 0:
+            sent += new
+            # sent now, it reaches the engine while the next step (already scheduled) runs: it joins the one after
+            incoming.extend([(step + 2, t)] * new)
+        step += 1
+    return sum_ttft / max(n_ttft, 1)

@@ -329,14 +329,13 @@ def load_tables(root: Path | str | None = None) -> dict[str, pl.DataFrame]:
         f = base / fname
         if not f.is_file():
             continue
-        frames = []
+        # A family's block-FP8 table is an addition to its main table, read only where the main one exists.
         extra = [base / BLOCK_FP8_FILES[fam]] if fam in BLOCK_FP8_FILES else []
-        for path in (f, *extra):
-            if path.is_file():
-                d = pl.read_parquet(path, columns=["hardware", "outcome", "time_s", *cols])
-                frames.append(d.filter(pl.col("outcome") == "ok").select(
-                    "hardware", *[pl.col(a).alias(b) for a, b in cols.items()], "time_s"))
-        out[fam] = pl.concat(frames)
+        out[fam] = pl.concat([
+            pl.read_parquet(path, columns=["hardware", "outcome", "time_s", *cols])
+            .filter(pl.col("outcome") == "ok")
+            .select("hardware", *[pl.col(a).alias(b) for a, b in cols.items()], "time_s")
+            for path in (f, *extra) if path.is_file()])
     return out
 
 
