@@ -223,3 +223,36 @@ def test_step_term_estimators_follow_the_sklearn_contract():
         with pytest.raises(PerfPredictError, match="one per run"):
             twin.fit(desc, y[:-1])
     assert LaunchFloor(b.kernels, min_class_rows=10).fit(desc, y).floors_["gpu"] == 3e-5
+
+
+def test_memory_intervals_are_per_framework_family_and_device_never_pooled_over_families():
+    """A memory interval key names the framework family and device class: a DeepSpeed plan on a GPU takes the
+    ZeRO family's GPU spread, not one pooled with nanotron's; TRL on a GPU (never measured there) takes its kin's
+    (the ZeRO family's runtimes), not the 3-D engines'. A bundle fitted with device-only keys still answers."""
+    from perfpredict.models.plan_model import Correction
+
+    df = pl.DataFrame({"p_framework": ["deepspeed", "fsdp", "nanotron", "trl+fsdp", "fsdp", "trl"],
+                       "g_name": ["h100-sxm-80gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-sxm-80gb", "cpu", "cpu"]})
+    keys = Correction(kind="memory", domain="device").interval_keys(df)
+    assert keys == ["zero:gpu", "zero:gpu", "3d:gpu", "trl:gpu", "zero:cpu", "trl:cpu"]
+    rng = np.random.default_rng(3)
+    fit_keys = ["3d:gpu"] * 300 + ["zero:gpu"] * 60 + ["trl:cpu"] * 100
+    comp = np.concatenate([rng.normal(0.15, 0.25, 300), rng.normal(0.05, 0.05, 60), rng.normal(0, 0.01, 100)])
+    iv = Intervals().fit(fit_keys, comp, comp, oof_weight=np.zeros(len(comp)))
+    lo, hi = iv.bounds(keys, np.zeros(len(keys)))
+    assert (lo[0], hi[0]) == pytest.approx(iv.outside_keys_["zero:gpu"])
+    assert hi[0] < iv.outside_keys_["3d:gpu"][1] - 0.2
+    assert (lo[3], hi[3]) == pytest.approx(iv.outside_keys_["zero:gpu"])  # TRL on a GPU: its kin's spread
+    legacy = Intervals.from_dict({"inside": {"gpu": [-0.1, 0.2]}, "domain": {"gpu": [-0.1, 0.2]},
+                                  "outside_keys": {"gpu": [0.0, 0.3]}})
+    lo, hi = legacy.bounds(["zero:gpu"], np.ones(1))
+    assert (lo[0], hi[0]) == pytest.approx((-0.1, 0.2))
+    # A family never measured on the device borrows the nearest's spread, widened to hold the point: another
+    # family's bias (nanotron's reserved peaks, 1.06-2.2x) says how far off, not which way.
+    shifted = Intervals().fit(["3d:gpu"] * 100, np.full(100, 0.3), rng.normal(0.3, 0.05, 100))
+    lo, hi = shifted.bounds(["zero:gpu", "3d:gpu"], np.zeros(2))
+    assert lo[0] == 0.0 and hi[0] == pytest.approx(hi[1]) and lo[1] > 0.1
+    legacy = Intervals.from_dict({"inside": {"cpu": [-0.1, 0.3]}, "domain": {"cpu": [-0.1, 0.3]},
+                                  "outside_keys": {"cpu": [-0.1, 0.3], "trl:cpu": [-0.02, 0.02]}})
+    lo, hi = legacy.bounds(["trl:cpu"], np.zeros(1))
+    assert (lo[0], hi[0]) == pytest.approx((-0.02, 0.02))  # TRL keeps its own key, never the device's

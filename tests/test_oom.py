@@ -58,3 +58,14 @@ def test_margins_calibrated_per_cell_keep_false_oom_under_the_cap_and_leave_othe
     v = verdict(pred, pred / 1.1, pred * 1.1, np.ones(700), np.full(700, a[0]), np.full(700, b[0]))
     assert np.mean(v["fit_verdict"][ran] == NO_FIT) <= 0.02
     assert OomMargins.from_dict(m.to_dict()).cells_ == m.cells_
+
+
+def test_margin_never_tightens_the_interval_upper_end():
+    """Wide intervals whose upper ends sit far above every failure would let a negative a keep missed OOM under
+    5 % on the calibration rows; a stays at 0: the upper end is already the 95th percentile, and a tighter margin
+    learned in one regime missed most failures of another (the playbook held out by scale)."""
+    rng = np.random.default_rng(2)
+    ran = np.r_[np.ones(300, bool), np.zeros(100, bool)]
+    pred = np.r_[rng.uniform(0.2, 0.4, 300), rng.uniform(1.2, 2.0, 100)]
+    m = OomMargins().fit(["3d|64-96GiB"] * 400, pred / 2, pred * 2, np.ones(400), ran)
+    assert m.cells_["3d|64-96GiB"]["a"] == 0.0

@@ -26,6 +26,7 @@ from perfpredict.models.neighbours import Neighbours
 from perfpredict.predictor.predict import load_predictor, predict_frame
 from perfpredict.predictor.rank import rank_plans
 
+c = pl.col
 H100, A100, CPU = get_gpu("h100-sxm-80gb"), get_gpu("a100-sxm-80gb"), get_gpu("cpu")
 SCENARIOS = {  # small enough for a test, together covering Megatron/DeepSpeed/FSDP/nanotron/TRL, MoE, CPU, cp, pp
     "8b-16xh100": (get_model("llama-3.1-8b"), Cluster(H100, 8, 2), Workload(objective="dpo", seq_len=2048,
@@ -90,6 +91,7 @@ def _reference_path(monkeypatch):
         return self.booster_.inplace_predict(np.asarray(X, dtype=np.float32))
 
     monkeypatch.setattr(GBRegressor, "predict", booster_predict)
+    monkeypatch.setattr(rank_mod, "SCENARIO_MEMO_SIZE", 0)  # no scenario remembered: enumerated and described anew
     monkeypatch.setattr(plan_model, "Neighbours", cKDTree)
     monkeypatch.setattr(compose_mod, "distinct_rows", lambda df, keys=None: (df, np.arange(df.height)))
     monkeypatch.setattr(rank_mod, "plan_columns_frame", lambda *a: plans_frame(*a[:3], list(enumerate_plans(*a)))
@@ -193,3 +195,47 @@ def test_shortcuts_of_the_second_pass_give_the_first_pass_numbers():
                                    zip(cells["p_framework"], cells["g_memory_gib"], cpu, strict=True)]
     z = np.array([0.3, -1.2, 0.3, 5.0, np.inf, -np.inf, 0.0])
     np.testing.assert_array_equal(_erfc(z), [math.erfc(v) for v in z])
+
+
+def test_kernel_part_sums_equal_a_group_by_over_every_query():
+    """_kernel_parts' per-row sums (one bincount over (row, part) cells) equal summing each plan's own queries."""
+    from perfpredict.features.descriptors import describe
+    from perfpredict.models.compose import PARTS, TRL_FAMILIES, _kernel_parts, kernel_queries
+
+    model, cluster, workload, space = SCENARIOS["mixtral-8xa100"]
+    desc = describe(plans_frame(model, cluster, workload, plan_columns_frame(model, cluster, workload, space)))
+    kernels = _fresh_bundle().kernels
+    fast = _kernel_parts(desc, kernels)
+    q = kernel_queries(desc)
+    q = q.with_columns(kt=pl.Series(kernels.predict(q.select(*compose_mod.KERNEL_KEYS, "family"))),
+                       **{k: c(k).fill_null(0.0) for k in ("rc", "rf", "eg") if k in q.columns})
+    timed, work = c("part") == "compute", c("kt") * c("count")
+    sums = q.group_by("row").agg(
+        *[work.filter(c("part") == p).sum().alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather", "trlfold")],
+        *[work.filter(timed & (c("family") == f)).sum().alias(f"k_{f}_s") for f in TRL_FAMILIES],
+        n_timed=(c("count") - c("eg")).filter(timed).sum(), k_recompute_s=(c("kt") * c("rc")).filter(timed).sum(),
+    ).sort("row")
+    assert sums.height == desc.height
+    for col in sums.columns[1:]:
+        np.testing.assert_allclose(fast[col].to_numpy(), sums[col].to_numpy(), rtol=1e-12, atol=1e-300, err_msg=col)
+
+
+def test_a_remembered_scenario_ranks_as_a_fresh_one(monkeypatch):
+    """The scenario memo (rank._described_plans) gives the ranking and the rejection counts of enumerating and
+    describing anew; it holds at most SCENARIO_MEMO_SIZE scenarios."""
+    model, cluster, workload, space = SCENARIOS["8b-16xh100"]
+    args = dict(model=model, cluster=cluster, workload=workload, space=space, bundle=load_predictor())
+    rank_mod._scenario_memo.clear()
+    first = rank_plans(**args)
+    again = rank_plans(**args)  # from the memo
+    assert len(rank_mod._scenario_memo) == 1
+    monkeypatch.setattr(rank_mod, "SCENARIO_MEMO_SIZE", 0)
+    fresh = rank_plans(**args)
+    assert_frame_equal(again.table, fresh.table)
+    assert_frame_equal(first.table, fresh.table)
+    assert again.rejections.counts == fresh.rejections.counts == first.rejections.counts
+    assert list(again.rejections.counts) == list(fresh.rejections.counts)  # the same order (most_common's ties)
+    monkeypatch.setattr(rank_mod, "SCENARIO_MEMO_SIZE", 2)
+    for gb in (64, 128, 256):
+        rank_plans(**{**args, "workload": Workload(objective="dpo", seq_len=2048, global_batch=gb)})
+    assert len(rank_mod._scenario_memo) == 2

@@ -229,6 +229,30 @@ class EagerLayerTraffic:
 
 
 HF_EAGER_LAYER = EagerLayerTraffic()
+
+
+@dataclass(frozen=True)
+class EagerAttentionTraffic:
+    """What transformers' eager attention (attn_implementation "eager": no flash kernel; the only non-flash path
+    of Mistral and Mixtral before transformers 4.37, which added their SDPA classes) moves through memory per
+    element of the materialised score matrix [micro-batch sequences, heads, s, s], in 16-bit element moves (an fp32
+    element counts 2), beyond the fused attention kernel timed for the same FLOPs. Read from transformers 5.24.0
+    (installed) models/mistral/modeling_mistral.py:96-118 eager_attention_forward, the same op sequence as the 4.36
+    MistralAttention.forward the alignment handbook's DPO run used:
+    - forward: `matmul(query, key^T)` writes the scores (1); `* scaling` (1 read, 1 written); `+ attention_mask`
+      (1, 1; the [b, 1, s, s] mask is broadcast over the heads); `softmax(..., dtype=float32)` (1 read, 2 written);
+      `.to(query.dtype)` (2, 1); `matmul(attn_weights, value)` reads them (1): 12. `dropout(p=0.0)` returns its
+      input without a kernel (torch: F.dropout(x, 0.0, True) is x, checked on the installed torch).
+    - backward (autograd of the same ops): dP = dO V^T written (1) and P read for dV (1); the cast's backward to fp32
+      (1, 2); softmax backward reading the fp32 gradient and output, writing the input-dtype gradient (2 + 2, 1); the
+      scaling's backward (1, 1); dS read for dQ and dK (2): 14.
+    The score GEMMs' FLOPs stay with the attention kernel's time (models.compose)."""
+
+    fwd_per_score: float = 12.0
+    bwd_per_score: float = 14.0
+
+
+EAGER_ATTENTION = EagerAttentionTraffic()
 _MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit="Megatron-LM arguments",
                        config="megatron-lm")
 # NeMo-Aligner's Megatron DPO trainer: preference_loss dpo / ipo / rpo_*, distributed_fused_adam (ZeRO-1-like), the
@@ -359,9 +383,32 @@ class Runtime:
     # already in reduce_dtype, the compute dtype under accelerate's policy, utils/dataclasses.py:2120): the whole
     # model's unsharded gradients stay alive until the last micro-batch's reduce-scatter, the step's only one.
     no_sync_keeps_unsharded_grads: bool = False
+    # The optimizer step's own transients (features.memory.optimizer_step), alive once the activations are gone:
+    # - the torch AdamW transformers' Trainer builds when nothing else names the optimizer (`optim` "adamw_torch", its
+    #   default until transformers 4.54 with torch >= 2.8 made it "adamw_torch_fused", huggingface/transformers#37358)
+    #   runs `_multi_tensor_adam` on GPU tensors (foreach is torch's default for cuda, never for cpu:
+    #   torch/optim/optimizer.py:161-186 `_default_to_fused_or_foreach`), whose `exp_avg_sq_sqrt =
+    #   torch._foreach_sqrt(device_exp_avg_sqs)` (torch/optim/adam.py:790 in torch 2.13) allocates one copy of the
+    #   second moment of a whole parameter group (the group's tensors are stepped together, grouped only by device
+    #   and dtype, :626): the moments' bytes per parameter of the rank's shard. Not DeepSpeed: the config we emit
+    #   names DeepSpeed's own AdamW (predictor/emit/deepspeed.py), its FusedAdam steps in fixed chunks.
+    trainer_torch_adamw: bool = False
+    # DeepSpeed's ZeRO optimizers flatten an optimizer unit's 16-bit gradients and cast them into an fp32 `.grad` of
+    # the unit's master partition at the step, freed after it: ZeRO-3 one sub-group at a time (stage3.py:2398-2410
+    # `_prepare_fp32_grad_for_sub_group`, :2448-2453 `_release_sub_group`, sub-groups of sub_group_size parameters
+    # :1160-1183, DS_SUB_GROUP_SIZE), ZeRO-1/2 the rank's partition of each parameter group (stage_1_and_2.py:2345-2382:
+    # `flat_grad_partition.to(fp32)`, `del flat_grad_partition`, `.grad = None` after `_optimizer_step(i)`; deepspeed
+    # 0.19.6). From this ZeRO stage on.
+    step_fp32_grad_copy_from_zero: int | None = None
+    # DeepSpeed's contiguous-gradient reduce buckets (`contiguous_gradients`, which our configs and ms-swift's set),
+    # allocated for the whole run in the gradients' dtype, reduce_bucket_size elements each (DS_REDUCE_BUCKET_HIDDEN2):
+    # ZeRO-1/2 two with overlap_comm (stage_1_and_2.py:2497-2513, `buf_0` and the double buffer `buf_1`), ZeRO-3
+    # one per communication dtype (stage3.py:731-735). Counts at (ZeRO-1/2, ZeRO-3).
+    reduce_buckets_zero12_zero3: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
-        for f in ("master_clone_from_zero", "reduce_every_microbatch_from_zero", "reference_sharded_from_zero"):
+        for f in ("master_clone_from_zero", "reduce_every_microbatch_from_zero", "reference_sharded_from_zero",
+                  "step_fp32_grad_copy_from_zero"):
             v = getattr(self, f)
             if v is not None and v not in (0, 1, 2, 3):
                 raise PerfPredictError(f"runtime {self.name}: {f} must be a ZeRO stage 0-3 or None, got {v!r}")
@@ -372,13 +419,15 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
     Runtime("nanotron", grad_reduce_fp32=True, grads_fp32=True, fused_vocab_ce=True),
     Runtime("deepspeed", master_clone_from_zero=1, reduce_every_microbatch_from_zero=2, reference_sharded_from_zero=3,
             zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True, zero3_prefetch_buckets=True,
-            offload_16bit_host_buffer=True),
+            offload_16bit_host_buffer=True, step_fp32_grad_copy_from_zero=1,
+            reduce_buckets_zero12_zero3=(2, 1)),
     Runtime("fsdp", weights_fp32=True, grads_fp32=True, separate_master=False, reduce_every_microbatch_from_zero=2,
             zero2_keeps_unsharded=True, ddp_buckets_at_zero0=True, reference_sharded_from_zero=0,
             frees_grads_each_step=True, accelerate_activation_checkpointing=True,
             accelerate_config_file="accelerate_fsdp.yaml", offload_moves_params=True,
-            no_sync_keeps_unsharded_grads=True),
-    Runtime("ddp", params_as_loaded=True, separate_master=False, ddp_buckets_at_zero0=True, frees_grads_each_step=True),
+            no_sync_keeps_unsharded_grads=True, trainer_torch_adamw=True),
+    Runtime("ddp", params_as_loaded=True, separate_master=False, ddp_buckets_at_zero0=True, frees_grads_each_step=True,
+            trainer_torch_adamw=True),
 ]}
 
 
@@ -410,6 +459,9 @@ DS_PREFETCH_BUCKET_HIDDEN2 = 0.9
 # reduce gradients in buckets of that many elements (stage3.py:1258-1270 flushes the bucket when the next gradient
 # would overflow it).
 DS_REDUCE_BUCKET_HIDDEN2 = 1.0
+# ZeRO-3 steps the optimizer one sub-group of about this many parameters at a time (deepspeed/runtime/zero/config.py:175
+# `sub_group_size` default 1e9; our configs, HF's examples and ms-swift's swift/llm/ds_config/zero3.json set 1e9).
+DS_SUB_GROUP_SIZE = 1_000_000_000
 
 
 def zero_optimization(stage: int, *, optimizer_offload: bool = False, param_offload: bool = False) -> dict:
@@ -424,7 +476,7 @@ def zero_optimization(stage: int, *, optimizer_offload: bool = False, param_offl
     if stage == 3:
         zero.update({"stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
                      "stage3_max_live_parameters": 1_000_000_000,
-                     "stage3_max_reuse_distance": STAGE3_MAX_REUSE_DISTANCE, "sub_group_size": 1_000_000_000})
+                     "stage3_max_reuse_distance": STAGE3_MAX_REUSE_DISTANCE, "sub_group_size": DS_SUB_GROUP_SIZE})
     return zero
 
 

@@ -13,7 +13,7 @@ FRAMEWORKS = RANKABLE  # what the predictor models; the capability table (core.f
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 # Fields added after datasets were collected: left out of to_dict() at their defaults so a plan's dict (and the
 # run_ids hashed from it) stays what it was.
-_NEW_FIELDS = {"ep": 1, "param_offload": False, "stage_layers": (), "fused_head": False}
+_NEW_FIELDS = {"ep": 1, "param_offload": False, "stage_layers": (), "fused_head": False, "eager_attention": False}
 MAX_DEGREE = 1 << 20  # no parallel degree, batch or accumulation count beyond this (a million GPUs)
 
 
@@ -38,6 +38,10 @@ class Plan:
     # The LM head and its loss run fused in chunks (Liger-Kernel's fused linear cross entropy: TRL/transformers
     # `use_liger_kernel`, ms-swift `--use_liger_kernel`): the full-vocabulary logits are never materialised.
     fused_head: bool = False
+    # Attention runs as transformers' eager path (attn_implementation "eager", or a model without SDPA/flash classes
+    # in the transformers that ran it): the [b, heads, s, s] scores are materialised, the softmax upcast to fp32
+    # (core.frameworks EAGER_ATTENTION). False: a fused (flash / SDPA) kernel, what the ranking assumes.
+    eager_attention: bool = False
 
     def __post_init__(self) -> None:
         if not self._plainly_valid():
@@ -61,6 +65,7 @@ class Plan:
         return (type(self.zero) is int and self.zero in (0, 1, 2, 3)
                 and type(self.sequence_parallel) is bool and type(self.optimizer_offload) is bool
                 and type(self.param_offload) is bool and type(self.fused_head) is bool
+                and type(self.eager_attention) is bool
                 and self.recompute in RECOMPUTE and type(self.recompute) is str
                 and self.schedule in SCHEDULES and type(self.schedule) is str
                 and type(self.framework) is str and self.framework in FRAMEWORKS
@@ -76,7 +81,7 @@ class Plan:
                     f"plan {f} must be an integer in 1..{MAX_DEGREE}, got {v!r}")
         require(isinstance(self.zero, int) and not isinstance(self.zero, bool) and self.zero in (0, 1, 2, 3),
                 f"plan zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        for f in ("sequence_parallel", "optimizer_offload", "param_offload", "fused_head"):
+        for f in ("sequence_parallel", "optimizer_offload", "param_offload", "fused_head", "eager_attention"):
             require(isinstance(getattr(self, f), bool), f"plan {f} must be true or false, got {getattr(self, f)!r}")
         for f, accepted in (("recompute", RECOMPUTE), ("schedule", SCHEDULES)):
             v = getattr(self, f)
@@ -118,6 +123,8 @@ class Plan:
             parts.append("stages[" + ",".join(map(str, self.stage_layers)) + "]")
         if self.fused_head:
             parts.append("fused-head")
+        if self.eager_attention:
+            parts.append("eager-attention")
         return f"{self.framework}:" + " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

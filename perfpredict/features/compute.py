@@ -59,6 +59,15 @@ def no_sync_unsharded_grads() -> pl.Expr:
     return hf_trainer() & runtime_is(lambda r: r.no_sync_keeps_unsharded_grads) & (c("p_grad_accum") > 1)
 
 
+def no_sync_grad_bytes() -> pl.Expr:
+    """Bytes of the unsharded gradients those rows keep over the no_sync micro-batches: every parameter of the rank
+    (before sharding, d_params_rank) in reduce_dtype, the compute dtype under accelerate's policy (fp32 for fp32
+    training, else 16-bit); 0 elsewhere. One term for the generic and the TRL memory rules (features.memory
+    .fsdp_gathered, features.trl.trl_memory)."""
+    grad_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
+    return pl.when(no_sync_unsharded_grads()).then(c("d_params_rank") * grad_b).otherwise(0.0)
+
+
 def _swap_copies() -> pl.Expr:
     """Per row, the weight copies its trainer makes to swap the reference in (core.frameworks
     reference_swap_copies), 0 where none does."""

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import polars as pl
 
-from perfpredict.features.compute import no_sync_unsharded_grads, params_on_host, runtime_from_zero, runtime_is
+from perfpredict.features.compute import (
+    hf_trainer,
+    no_sync_grad_bytes,
+    on_cpu,
+    params_on_host,
+    runtime_from_zero,
+    runtime_is,
+)
 
 c = pl.col
 
@@ -23,7 +30,8 @@ def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
     from perfpredict.core.frameworks import RUNTIME
     from perfpredict.core.scenario import PLAN_COLUMN_DEFAULTS
 
-    dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean}
+    dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean,
+              "p_eager_attention": pl.Boolean}
     df = df.with_columns([
         (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
         for k, v in PLAN_COLUMN_DEFAULTS.items()])
@@ -123,7 +131,11 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     oe = pl.when(c("p_offload")).then(0.0).when(z >= 1).then(o / de).otherwise(o)
     return df.with_columns(d_weight_bpp=w_gpu, d_grad_bpp=g_gpu, d_optim_bpp=o_gpu,
                            d_expert_state_bpp_extra=(we + ge + oe) - (w_gpu + g_gpu + o_gpu),
-                           d_state_bpp_unsharded=w + g + o, d_optim_bpp_unsharded=o)
+                           d_state_bpp_unsharded=w + g + o, d_optim_bpp_unsharded=o,
+                           # what the optimizer step sees: every gradient of the shard (features.trl may lower
+                           # d_grad_bpp where gradients and activations are not alive together) and the Adam
+                           # moments' dtype (bf16 moments for a bf16-loaded model on plain torch)
+                           d_grad_bpp_step=g_gpu, d_moment_bytes=pl.when(ddp16).then(2.0).otherwise(4.0))
 
 
 def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
@@ -167,7 +179,13 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     sbh = s * b * h * act_bytes
     t = _tp()
     repl = pl.when(c("p_sp")).then(c("d_act_repl_coef") / t).otherwise(c("d_act_repl_coef"))
-    full_layer = sbh * (repl + c("d_act_shard_coef") / t)
+    # transformers' eager attention (plan eager_attention) keeps each layer's scores for its backward: softmax saves
+    # its fp32 output (4 B per score) and the second matmul the 16-bit cast of it (2 B; core.frameworks
+    # EAGER_ATTENTION), [b, heads/tp, s/cp, s] per layer; the fused kernels keep none.
+    a = c("m_heads").cast(pl.Float64)
+    eager_scores = pl.when(c("p_eager_attention").fill_null(False)).then(
+        6.0 * b * a / t * s * c("w_seq_len").cast(pl.Float64)).otherwise(0.0)
+    full_layer = sbh * (repl + c("d_act_shard_coef") / t) + eager_scores
     layer_input = pl.when(c("p_sp")).then(2.0 * sbh / t).otherwise(2.0 * sbh)
     per_layer = pl.when(c("p_recompute") == "full").then(layer_input).otherwise(full_layer)
     pp = c("p_pp").cast(pl.Float64)
@@ -253,9 +271,37 @@ def fsdp_gathered(df: pl.DataFrame) -> pl.DataFrame:
     emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") * 2.0 / _tp()
     gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
-    grad_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
-    unsharded_grads = pl.when(no_sync_unsharded_grads()).then(c("d_params_rank") * grad_b).otherwise(0.0)
-    return df.with_columns(d_gathered_bytes=gathered + unsharded_grads)
+    return df.with_columns(d_gathered_bytes=gathered + no_sync_grad_bytes())
+
+
+def optimizer_step(df: pl.DataFrame) -> pl.DataFrame:
+    """The optimizer step's own transients, d_step_transient_bytes (peak_memory weighs that moment against the
+    backward's: the activations, logits and gathered parameters are gone by then, every gradient is alive):
+
+    - DeepSpeed ZeRO 1-3 (core.frameworks Runtime.step_fp32_grad_copy_from_zero): the unit's 16-bit gradients
+      flattened (2 B per parameter, freed after the cast) and cast to an fp32 `.grad` (4 B) that lives through the
+      unit's step; the unit is the rank's partition, at ZeRO-3 one sub-group of at most DS_SUB_GROUP_SIZE
+      parameters. In fp32 the cast returns the flattened tensor itself: 4 B.
+    - The Trainer's torch AdamW on a GPU (Runtime.trainer_torch_adamw): foreach's `exp_avg_sq_sqrt`, one more copy of
+      the second moment of the unit being stepped (d_moment_bytes per parameter); none on a CPU (foreach is off
+      there), so the CPU-measured rows are unchanged.
+    Neither applies with optimizer offload (the step runs on the host), nor to TRL's DeepSpeed ZeRO 0-2 fp32 rows,
+    whose step features.trl already folds into their gradient bytes (d_step_in_grads)."""
+    from perfpredict.core.frameworks import DS_SUB_GROUP_SIZE
+
+    d = (c("p_dp") * c("p_cp")).cast(pl.Float64)
+    shard = c("d_params_rank") / pl.when(c("p_zero") >= 1).then(d).otherwise(1.0)
+    copies = runtime_from_zero("step_fp32_grad_copy_from_zero")
+    unit = pl.when(copies & (c("p_zero") >= 3)).then(pl.min_horizontal(shard, pl.lit(float(DS_SUB_GROUP_SIZE)))).otherwise(
+        shard)
+    fp32 = c("w_precision") == "fp32"
+    grad32 = pl.when(copies).then(4.0).otherwise(0.0)
+    flat16 = pl.when(copies & ~fp32).then(2.0).otherwise(0.0)
+    foreach = pl.when(hf_trainer() & runtime_is(lambda r: r.trainer_torch_adamw) & ~on_cpu()).then(
+        c("d_moment_bytes")).otherwise(0.0)
+    skip = c("p_offload") | (c("d_step_in_grads") if "d_step_in_grads" in df.columns else pl.lit(False))
+    per_param = pl.max_horizontal(grad32 + flat16, grad32 + foreach)
+    return df.with_columns(d_step_transient_bytes=pl.when(skip).then(0.0).otherwise(unit * per_param))
 
 
 def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
@@ -272,11 +318,25 @@ def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
     Our CPU memory label cannot see these buckets (allocated in C++, outside the profiled step): for those rows the
     measured peak plus this term is the true peak.
     TRL on plain accelerate (runtime ddp) is DDP too: accelerator.prepare wraps the model in
-    DistributedDataParallel with the default bucket settings."""
+    DistributedDataParallel with the default bucket settings.
+
+    DeepSpeed's own reducer at ZeRO 1-3 holds fixed contiguous-gradient buckets instead (core.frameworks
+    Runtime.reduce_buckets_zero12_zero3, reduce_bucket_size "auto" = DS_REDUCE_BUCKET_HIDDEN2 x hidden^2 elements in
+    the gradients' dtype): tens of MB, counted for the whole step."""
+    from perfpredict.core.frameworks import DS_REDUCE_BUCKET_HIDDEN2, RUNTIMES
+
     ddp = (runtime_is(lambda r: r.ddp_buckets_at_zero0) & (c("p_zero") == 0) & (c("p_dp") * c("p_cp") > 1)
            & (c("p_tp") == 1) & (c("p_pp") == 1))
+    n = pl.lit(0.0)
+    for name, r in RUNTIMES.items():
+        z12, z3 = r.reduce_buckets_zero12_zero3
+        n = (pl.when((c("d_runtime") == name) & c("p_zero").is_in([1, 2])).then(float(z12))
+             .when((c("d_runtime") == name) & (c("p_zero") >= 3)).then(float(z3)).otherwise(n))
+    grad_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
+    h = c("m_hidden").cast(pl.Float64)
+    buckets = n * DS_REDUCE_BUCKET_HIDDEN2 * h * h * grad_b
     return df.with_columns(
-        d_ddp_bucket_bytes=pl.when(ddp).then(c("d_params_rank") * c("d_grad_bpp")).otherwise(0.0))
+        d_ddp_bucket_bytes=pl.when(ddp).then(c("d_params_rank") * c("d_grad_bpp")).otherwise(buckets))
 
 
 def host_memory(df: pl.DataFrame) -> pl.DataFrame:
@@ -327,8 +387,9 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
 
 def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     """The peak rank's bytes: the worst of the first stage (most micro-batches in flight, the embedding), the
-    fullest middle stage (uneven splits) and the last (head, logits, the reference's transient). d_peak_*_gib are
-    that rank's parts and add up to d_mem_gib; d_states_gib etc. stay the per-part maxima over stages (features)."""
+    fullest middle stage (uneven splits) and the last (head, logits, the reference's transient), each at the worse of
+    two moments, the backward and the optimizer step (d_peak_moment). d_peak_*_gib are that rank's parts at that
+    moment and add up to d_mem_gib; d_states_gib etc. stay the per-part maxima over stages (features)."""
     gib = float(1 << 30)
     bpp = c("d_weight_bpp") + c("d_grad_bpp") + c("d_optim_bpp")
     experts = c("d_expert_params_layer_rank") * c("d_expert_state_bpp_extra")
@@ -344,7 +405,16 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
         "last": (states["last"], c("d_act_last"), c("d_logits_bytes"),
                  c("d_ref_weight_bytes") + c("d_ref_transient_bytes"), c("d_gathered_bytes") + c("d_ddp_bucket_bytes")),
     }
-    totals = {k: pl.sum_horizontal(*v) for k, v in parts.items()}
+    # The optimizer step (optimizer_step): activations, logits, the reference's transient and the gathered
+    # parameters are gone, every gradient of the shard is alive, and the step's own transients sit on top; its
+    # transients are reported with "other".
+    bpp_step = c("d_weight_bpp") + c("d_grad_bpp_step") + c("d_optim_bpp")
+    at_step = {k: (c(f"d_params_{k}") * bpp_step + c(f"d_layers_{'max' if k == 'mid' else k}") * experts,
+                   pl.lit(0.0), pl.lit(0.0), c("d_ref_weight_bytes"),
+                   c("d_ddp_bucket_bytes") + c("d_step_transient_bytes")) for k in ("first", "mid", "last")}
+    backward = {k: pl.sum_horizontal(*v) for k, v in parts.items()}
+    step = {k: pl.sum_horizontal(*v) for k, v in at_step.items()}
+    totals = {k: pl.max_horizontal(backward[k], step[k]) for k in parts}
     mid_counts = (c("p_pp") > 2).cast(pl.Float64)  # a middle stage exists
     df = df.with_columns(
         _first=totals["first"], _mid=totals["mid"] * mid_counts, _last=pl.when(single).then(0.0).otherwise(totals["last"]))
@@ -352,10 +422,16 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     at = (pl.when((c("_first") >= c("_last")) & (c("_first") >= c("_mid"))).then(pl.lit("first"))
           .when(c("_last") >= c("_mid")).then(pl.lit("last")).otherwise(pl.lit("mid")))
     df = df.with_columns(d_peak_stage=at)
+    # Which moment of that stage is the peak: the backward's (ties) or the optimizer step's.
+    stepping = pl.lit(False)
+    for k in parts:
+        stepping = pl.when(c("d_peak_stage") == k).then(step[k] > backward[k]).otherwise(stepping)
+    df = df.with_columns(d_peak_moment=pl.when(stepping).then(pl.lit("step")).otherwise(pl.lit("backward")))
 
     def pick(i: int) -> pl.Expr:
-        return (pl.when(c("d_peak_stage") == "first").then(parts["first"][i])
-                .when(c("d_peak_stage") == "last").then(parts["last"][i]).otherwise(parts["mid"][i]))
+        chosen = {k: pl.when(c("d_peak_moment") == "step").then(at_step[k][i]).otherwise(parts[k][i]) for k in parts}
+        return (pl.when(c("d_peak_stage") == "first").then(chosen["first"])
+                .when(c("d_peak_stage") == "last").then(chosen["last"]).otherwise(chosen["mid"]))
 
     names = ("states", "act", "logits", "ref", "other")
     df = df.with_columns(**{f"d_peak_{n}_gib": pick(i) / gib for i, n in enumerate(names)})
@@ -374,6 +450,6 @@ def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:
 
     for f in (plan_defaults, head_passes, stage_layout, expert_parallel, param_shard, state_bytes_per_param,
               activation_coefficients, activations, reference_model, fsdp_gathered, ddp_buckets, trl_memory,
-              host_memory, peak_memory):
+              optimizer_step, host_memory, peak_memory):
         df = f(df)
     return df

@@ -310,6 +310,7 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
                                         if tr:
                                             rej.add(tr.tally)
                                             continue
-                                        # fused_head: the ranking does not choose kernels (the default head)
+                                        # fused_head, eager_attention: the ranking does not choose kernels (the
+                                        # default head, a fused attention kernel)
                                         yield (tp, pp, dp, cp, sp, zero, rc, mb, ga, off, cap.name, schedule, v,
-                                               ep, poff, stages, False)
+                                               ep, poff, stages, False, False)

@@ -22,6 +22,14 @@ outside the allocator passes what the device has:
   is not a constant here: measured peaks that are max_memory_reserved (the playbook's nanotron runs) carry it, so
   it lives in the learned memory correction, the memory interval and the margin calibrated on OOM outcomes
   (models.oom), not in this fixed reserve.
+- A reserved peak is not the memory a plan needs: when cudaMalloc fails the allocator first frees one cached
+  unsplit block of sufficient size, then all cached unsplit blocks, and retries (c10/cuda/CUDACachingAllocator.cpp,
+  the header comment and `malloc`'s release_available_cached_blocks / release_cached_blocks); only segments split by
+  live blocks stay. Liger's FSDP examples (datasets/public/liger_hf_examples, padded batches of a new length every
+  step) log both: reserved 1.17-1.70x allocated (11-30 GiB), up to 76.9 GiB on an 80 GiB A100, and every one ran.
+  So the OOM boundary lies between the allocated peak and the reserved one: sources that log the reserved peak
+  (the playbook, ms-swift) overstate the need, those that log the allocated peak (Liger) understate it, and which
+  way is measured by the OOM margin (models.oom) where a cell has OOM outcomes.
 
 A CPU host has none of this (gloo, no device context): its reserve is 0."""
 

@@ -52,7 +52,7 @@ from perfpredict.core.errors import require
 from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE, TRL_FRAMEWORKS
 from perfpredict.core.objectives import OBJECTIVE_TABLE
 from perfpredict.core.objectives import TRL_OBJECTIVES as CORE_TRL_OBJECTIVES
-from perfpredict.features.compute import no_sync_unsharded_grads, on_cpu, runtime_from_zero, runtime_is
+from perfpredict.features.compute import no_sync_grad_bytes, on_cpu, runtime_from_zero, runtime_is
 
 c = pl.col
 
@@ -194,7 +194,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     so d_ref_transient_bytes only carries what (a) needs beyond (b)."""
     trl = is_trl() & c("w_objective").is_in(list(TRAINERS))
     if not df.select(trl.any()).item():  # no TRL row (a GPU ranking): every column below passes through
-        return df.with_columns(d_head_bwd_bytes=pl.lit(None, dtype=pl.Float64))
+        return df.with_columns(d_head_bwd_bytes=pl.lit(None, dtype=pl.Float64), d_step_in_grads=pl.lit(False))
     fp32 = c("w_precision") == "fp32"
     ab = pl.when(fp32).then(4.0).otherwise(2.0)  # compute dtype bytes (autocast or the parameters' own)
     cpu = on_cpu()
@@ -251,7 +251,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
                 .when(ds_kept).then(pl.min_horizontal(c("d_params_rank"), pl.lit(DS_REUSE_KEPT)) * w_b)
                 .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
     # FSDP's unsharded gradients kept over the Trainer's no_sync micro-batches (features.memory.fsdp_gathered).
-    gathered = gathered + pl.when(no_sync_unsharded_grads()).then(c("d_params_rank") * w_b).otherwise(0.0)
+    gathered = gathered + no_sync_grad_bytes()
     # Gradients: the HF Trainer frees them after every optimizer step (optimizer.zero_grad(), set_to_none), so with
     # one micro-batch per step they are allocated during the backward as the activations are freed: the peak holds
     # max(gradients, activations + the head's backward) on top of weights and optimizer state, not both. DeepSpeed
@@ -287,6 +287,8 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
         d_grad_bpp=pl.when(fresh).then(grad_eff).when(ds_grads).then(grad_ds).otherwise(c("d_grad_bpp")),
         d_gathered_bytes=pl.when(trl).then(gathered).otherwise(c("d_gathered_bytes")),
         d_head_bwd_bytes=pl.when(trl).then(head_bwd).otherwise(None),
+        # the step's fp32 gradient copies are in grad_ds already (features.memory.optimizer_step leaves them out)
+        d_step_in_grads=ds_grads.fill_null(False),
         d_logits_bytes=pl.when(trl).then(head_bwd).otherwise(c("d_logits_bytes")),
         d_ref_weight_bytes=pl.when(trl).then(pl.when(live).then(ref_w).otherwise(0.0)).otherwise(
             c("d_ref_weight_bytes")),

@@ -47,7 +47,9 @@ code copied); imported by `perfpredict.importers.alignment_handbook` into `runs.
   (the model name) and TRL 0.7.7 builds the reference and wraps it in a ZeRO-3 inference engine
   (trl/trainer/dpo_trainer.py:373-377 at v0.7.7), so each step runs the reference forward on the sharded copy and the
   policy forward/backward on the concatenated chosen+rejected batch. `torch_dtype: null` and no `use_flash_attention_2`:
-  the attention is transformers' non-flash path. The model is alignment-handbook/zephyr-7b-sft-full (Mistral-7B-v0.1:
+  the attention is transformers' eager path (transformers 4.36 has no SDPA class for Mistral; its `MistralAttention`
+  materialises the scores and upcasts the softmax to fp32): `kernels` token `eager_attention`, plan field
+  `eager_attention` (core.frameworks EAGER_ATTENTION). The model is alignment-handbook/zephyr-7b-sft-full (Mistral-7B-v0.1:
   catalog `mistral-7b`, whose v0.3 vocabulary of 32,768 vs 32,000 adds 0.1 % parameters).
 - `zephyr-7b-sft-full` (recipes/zephyr-7b-beta/sft/config_full.yaml): `per_device_train_batch_size: 16`,
   `gradient_accumulation_steps: 1`, `max_seq_length: 2048`, `gradient_checkpointing: true`,

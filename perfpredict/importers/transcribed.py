@@ -92,7 +92,9 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
     plan = Plan(tp=_int(r, "tp"), pp=_int(r, "pp"), dp=dp, cp=_int(r, "cp"), ep=_int(r, "ep"),
                 sequence_parallel=_bool(r, "sequence_parallel"), zero=_int(r, "zero"), recompute=r["recompute"],
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),
-                framework=r["framework"], fused_head=_bool(r, "fused_head"))
+                framework=r["framework"], fused_head=_bool(r, "fused_head"),
+                # `kernels` token eager_attention: transformers' eager attention ran (plan eager_attention)
+                eager_attention="eager_attention" in (r["kernels"] or "").split("+"))
     return model, cluster, workload, plan
 
 

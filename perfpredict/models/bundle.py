@@ -150,7 +150,7 @@ class Bundle:
         wm = self.memory.weight(df)
         analytic = df["d_mem_gib"].to_numpy()
         mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df, where=wm > 0))
-        mlo, mhi = self.memory_intervals.bounds(self.memory.domain_keys(df), wm)
+        mlo, mhi = self.memory_intervals.bounds(self.memory.interval_keys(df), wm)
         mem_lo, mem_hi = mem * 10**mlo, mem * 10**mhi
         res = with_reserve(df.select("g_name", "g_memory_gib", "p_tp", "p_dp", "p_cp", "p_ep", "p_pp"))
         usable = res["r_usable_gib"].to_numpy()

@@ -12,7 +12,13 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, DS_REDUCE_BUCKET_HIDDEN2, HF_EAGER_LAYER, RUNTIMES
+from perfpredict.core.frameworks import (
+    DS_PREFETCH_BUCKET_HIDDEN2,
+    DS_REDUCE_BUCKET_HIDDEN2,
+    EAGER_ATTENTION,
+    HF_EAGER_LAYER,
+    RUNTIMES,
+)
 from perfpredict.features.compute import forward_passes, hf_trainer, on_cpu, runtime_is, selective_share
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
@@ -133,6 +139,8 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         rc_full=full, rc_attn=sel * selective_share("attention_fwd"),
         z3_chunks=_zero3_chunks(),
         eager_h=eager_h, eager_f=eager_f,
+        # transformers' eager attention (plan eager_attention): its materialised scores, wherever the plan runs it.
+        eager_attn=c("p_eager_attention").fill_null(False).cast(pl.Float64),
         # DeepSpeed reduces gradients in buckets of reduce_bucket_size elements (transformers' auto: hidden^2).
         rs_chunks=pl.when(runtime_is(lambda r: r.zero3_prefetch_buckets)).then(
             (c("d_params_rank") / (DS_REDUCE_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2)).clip(1.0, None)
@@ -203,11 +211,14 @@ def _attention(b: pl.DataFrame) -> list[pl.DataFrame]:
     seq = _i(c("s") / c("cp").sqrt())
     common = dict(op=pl.lit("attention"), batch=_i(c("seqs")), heads=_i(c("a") / c("t")), kv_heads=_i(c("kv") / c("t")), seq_len=seq,
                   head_dim=_i(c("hd")))
+    # transformers' eager attention multiplies the whole s x s square (the causal mask is added to the scores, not
+    # skipped: core.frameworks EAGER_ATTENTION): twice the causal kernel's FLOPs, timed at its efficiency.
+    sq = 1.0 + c("eager_attn")
+    per = c("Lps") * c("mbs") * sq
     return [
-        b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd_bwd"), count=c("Lps") * c("mbs")),
-        b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd"),
-                 count=c("Lps") * c("mbs") * c("attn_fwd_extra"),
-                 rc=c("Lps") * c("mbs") * (c("rc_full") + c("rc_attn")), rf=c("Lps") * c("mbs") * c("ref")),
+        b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd_bwd"), count=per),
+        b.select("row", "hardware", "dtype", **common, pass_=pl.lit("fwd"), count=per * c("attn_fwd_extra"),
+                 rc=per * (c("rc_full") + c("rc_attn")), rf=per * c("ref")),
     ]
 
 
@@ -232,6 +243,18 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
                                     count=per * passes * c(u) / 3.0, rc=per * rc * c(u) / 3.0,
                                     rf=per * rf * c(u) / 3.0, eg=per * passes * c(u) / 3.0)
           for u, n in (("eager_h", c("T_sp") * c("h")), ("eager_f", c("T") * c("topk") * c("f") / c("t")))],
+        # transformers' eager attention (core.frameworks EAGER_ATTENTION): the score matrix [seqs, heads/tp, s, s/cp]
+        # written, scaled, masked, softmaxed in fp32, cast back and read in every forward (policy, recompute, live
+        # reference) and its backward, timed as 'add' kernels (3 moves per element) moving the same bytes; the score
+        # GEMMs' FLOPs stay in the attention queries above.
+        b.filter(c("eager_attn") > 0).select(
+            "row", "hardware", "dtype", op=pl.lit("add"), numel=_i(c("seqs") * c("a") / c("t") * c("s") * c("s") / c("cp")),
+            count=c("Lps") * c("mbs") * ((c("attn_fwd_extra") + 1.0) * EAGER_ATTENTION.fwd_per_score
+                                         + EAGER_ATTENTION.bwd_per_score) / 3.0,
+            rc=c("Lps") * c("mbs") * (c("rc_full") + c("rc_attn")) * EAGER_ATTENTION.fwd_per_score / 3.0,
+            rf=c("Lps") * c("mbs") * c("ref") * EAGER_ATTENTION.fwd_per_score / 3.0,
+            eg=c("Lps") * c("mbs") * ((c("attn_fwd_extra") + 1.0) * EAGER_ATTENTION.fwd_per_score
+                                      + EAGER_ATTENTION.bwd_per_score) / 3.0),
         # TRL's fused head on CPU (features.trl.head_passes): its torch fold, in cross-entropy fwd+bwd units,
         # scaled by the fitted calibration (calibration.TrlCalibration).
         b.filter(c("head_fold") > 0).select("row", "hardware", "dtype", op=pl.lit("cross_entropy"),
@@ -307,7 +330,7 @@ def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
 # Those functions get only these columns, so one that reads another fails at once (add it here), never silently.
 COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv", "hd", "h", "f", "gate", "t",
                   "experts", "topk", "seqs", "s", "cp", "fwd_mult", "attn_fwd_extra", "head_ce", "head_fold",
-                  "head_fwd", "ref", "rc_attn", "rc_full", "sel_elem", "sel_gemm", "eager_h", "eager_f")
+                  "head_fwd", "ref", "rc_attn", "rc_full", "sel_elem", "sel_gemm", "eager_h", "eager_f", "eager_attn")
 
 
 def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -464,9 +487,10 @@ def _compose(desc: pl.DataFrame, kernels: KernelModel, floors: dict[str, float],
 def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     """desc with each part's raw kernel seconds (k_<part>_raw_s), its backward share and timed-kernel count: the
     kernel models' work, which no launch floor or calibration changes (the grid searches reuse it)."""
-    # Plans that ask the same kernels (one row of _base) are composed once (models.shapes), and their compute kernels
-    # once per work shape (ids n.. after the n distinct rows' own).
-    shapes, of_row = distinct_rows(_base(desc).drop("row"))
+    # Each row's communication queries are its own: a ranking's rows repeat in _base about 1 % of the time (the
+    # canonical plans that are plans themselves), so deduplicating whole rows cost more than it saved. Their compute
+    # kernels are composed once per work shape (models.shapes; ids n.. after the n rows' own).
+    shapes = _base(desc).drop("row")
     n = shapes.height
     tasks, of_task = distinct_rows(shapes.select(COMPUTE_INPUTS))
     q = _queries(shapes.with_row_index("row"), tasks.with_row_index("row", offset=n))
@@ -476,37 +500,53 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     kt = np.empty(q.height)
     kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict_remembered(groups.drop("_q")),
                                                       groups["_q"].list.len().to_numpy())
-    q = q.lazy().with_columns(kt=pl.Series(kt), **{k: c(k).fill_null(0.0) if k in q.columns else pl.lit(0.0)
-                                                   for k in ("rc", "rf", "eg")})
-    timed = c("part") == "compute"
-    work = c("kt") * c("count")
-    bwd = pl.when(timed).then(
-        pl.when(c("family") == "membound").then(0.5)
-        .otherwise(c("pass_").replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64))
-    ).otherwise(0.0) * work
-    # Each row's sums: the terms below per query (0 where a query is not one), added up per row id in numpy (a
-    # group_by over ~100k queries cost more than the whole sum).
-    terms = q.select(
-        *[pl.when(c("part") == p).then(work).otherwise(0.0).alias(f"k_{p}_raw_s") for p in (*PARTS, "dpgather",
-                                                                                              "trlfold")],
-        k_bwd_s=bwd,
+    # Each row's sums, added up per row id in numpy (a group_by over ~100k queries cost more than the whole sum), from
+    # numpy columns of the queries (polars' fixed cost per expression was most of this at a ranking's size): the
+    # parts and the TRL families by one bincount each over (row id, part) and (row id, family) cells, which adds each
+    # cell's queries in the same order as a bincount per column with 0 elsewhere (x + 0.0 == x: the same sums). A
+    # null count or backward share counts 0, as polars' fill_null did.
+    parts, fams = (*PARTS, "dpgather", "trlfold"), TRL_FAMILIES
+
+    def codes(col: str, names: tuple[str, ...]) -> np.ndarray:
+        return q[col].replace_strict({v: i for i, v in enumerate(names)}, default=-1, return_dtype=pl.Int64
+                                     ).fill_null(-1).to_numpy()
+
+    def floats(col: str) -> np.ndarray:
+        return q[col].cast(pl.Float64).fill_null(0.0).to_numpy() if col in q.columns else np.zeros(q.height)
+
+    part, fam = codes("part", parts), codes("family", fams)
+    timed = part == parts.index("compute")
+    count_null = q["count"].is_null().to_numpy()
+    count, rc, rf, eg = floats("count"), floats("rc"), floats("rf"), floats("eg")
+    work_q = np.where(count_null, 0.0, kt * count)
+    share = q["pass_"].replace_strict(BWD_SHARE, default=0.0, return_dtype=pl.Float64)
+    membound = fam == fams.index("membound")
+    bwd_null = timed & ~membound & share.is_null().to_numpy()
+    bwd = np.where(timed, np.where(membound, 0.5, share.fill_null(0.0).to_numpy()), 0.0) * work_q
+    per_query = {
+        "k_bwd_s": np.where(bwd_null, 0.0, bwd),
         # Kernel launches: the eager-op queries are byte equivalents, not kernel counts; their launches stay in
         # UNTIMED_FWD/BWD_PER_LAYER (the launch floor is fitted on those counts).
-        n_timed=pl.when(timed).then(c("count") - c("eg")).otherwise(0.0),
+        "n_timed": np.where(timed & ~count_null, count - eg, 0.0),
         # Of the compute: recompute's forward work and the live reference's forward (engine terms for --explain).
-        k_recompute_s=pl.when(timed).then(c("kt") * c("rc")).otherwise(0.0),
-        k_reference_s=pl.when(timed).then(c("kt") * c("rf")).otherwise(0.0),
-        k_hf_eager_s=pl.when(timed).then(c("kt") * c("eg")).otherwise(0.0),
-        **{f"k_{f}_s": pl.when(timed & (c("family") == f)).then(work).otherwise(0.0) for f in TRL_FAMILIES},
-        _row=c("row"),
-    ).with_columns(pl.exclude("_row").fill_null(0.0)).collect()
-    ids, rows = terms["_row"].to_numpy(), n + tasks.height
-    terms = terms.drop("_row")
-    sums = np.column_stack([np.bincount(ids, weights=terms[k].cast(pl.Float64).to_numpy(), minlength=rows)
-                            for k in terms.columns]) if terms.width else np.zeros((rows, 0))
+        "k_recompute_s": np.where(timed, kt * rc, 0.0),
+        "k_reference_s": np.where(timed, kt * rf, 0.0),
+        "k_hf_eager_s": np.where(timed, kt * eg, 0.0),
+    }
+    ids, rows = q["row"].cast(pl.Int64).to_numpy(), n + tasks.height
+    fam = np.where(timed, fam, -1)
+
+    def cells(code: np.ndarray, width: int) -> np.ndarray:
+        on = code >= 0
+        return np.bincount(ids[on] * width + code[on], weights=work_q[on], minlength=rows * width).reshape(rows, width)
+
+    columns = [f"k_{p}_raw_s" for p in parts] + list(per_query) + [f"k_{f}_s" for f in fams]
+    sums = np.column_stack([cells(part, len(parts))]
+                           + [np.bincount(ids, weights=v, minlength=rows) for v in per_query.values()]
+                           + [cells(fam, len(fams))])
     # A row's communication parts from its own id, its compute parts from its work shape's (each 0 on the other).
-    sums = (sums[:n] + sums[n + of_task])[of_row]
-    return desc.hstack(pl.DataFrame({k: sums[:, i] for i, k in enumerate(terms.columns)}))
+    sums = sums[:n] + sums[n + of_task]
+    return desc.hstack(pl.DataFrame({k: sums[:, i] for i, k in enumerate(columns)}))
 
 
 def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float] | None = None) -> pl.DataFrame:

@@ -187,6 +187,11 @@ def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> 
         # false OOM: ran, called "does not fit"; missed OOM: failed, called "fits"; at risk: neither call made.
         row["false_oom"] = float((ran["fit_verdict"] == "does not fit").mean()) if ran.height else np.nan
         row["missed_oom"] = float((failed["fit_verdict"] == "fits").mean()) if failed.height else np.nan
+        # Of the failures, those called "fits" with the point peak under half the usable memory: the playbook's
+        # failures are "crashed or out of memory, cause not given", and these are far from any memory boundary.
+        row["missed_oom_far"] = (float(((failed["fit_verdict"] == "fits")
+                                        & (failed["pred_mem_gib"] < 0.5 * failed["r_usable_gib"])).mean())
+                                 if failed.height else np.nan)
         row["at_risk"] = float((orow["fit_verdict"] == "at risk").mean()) if orow.height else np.nan
         row["false_oom_analytic"] = (float((ran["d_mem_gib"] > ran["g_memory_gib"]).mean()) if ran.height else np.nan)
         row["oom_accuracy"] = (float(np.mean(orow["pred_fits"].to_numpy() == orow["fits"].to_numpy()))

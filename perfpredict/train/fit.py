@@ -169,7 +169,7 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
     t_iv = Intervals().fit(time.interval_keys(tr), np.log10(tr["step_time_s"] / tr["oof_pred_time_s"]).to_numpy(),
                            np.log10(tr["step_time_s"] / tr["k_step_s"]).to_numpy(),
                            oof_weight=tr["oof_time_weight"].to_numpy())
-    m_iv = Intervals().fit(mem.domain_keys(mr), np.log10(mr["peak_memory_gib"] / mr["oof_pred_mem_gib"]).to_numpy(),
+    m_iv = Intervals().fit(mem.interval_keys(mr), np.log10(mr["peak_memory_gib"] / mr["oof_pred_mem_gib"]).to_numpy(),
                            np.log10(mr["peak_memory_gib"] / mr["d_mem_gib"]).to_numpy(),
                            oof_weight=mr["oof_mem_weight"].to_numpy())
     if probes is not None:
@@ -190,7 +190,7 @@ def calibrate_oom_margins(orows: pl.DataFrame, mem: Correction, m_iv: Intervals)
     out-of-fold memory prediction and the interval that prediction gets (models.oom)."""
     orows = with_reserve(orows.filter(c("oof_pred_mem_gib").is_not_nan()))
     pred = orows["oof_pred_mem_gib"].to_numpy()
-    lo, hi = m_iv.bounds(mem.domain_keys(orows), np.nan_to_num(orows["oof_mem_weight"].to_numpy()))
+    lo, hi = m_iv.bounds(mem.interval_keys(orows), np.nan_to_num(orows["oof_mem_weight"].to_numpy()))
     return OomMargins().fit(margin_cells(orows), pred * 10**lo, pred * 10**hi, orows["r_usable_gib"].to_numpy(),
                             orows["fits"].to_numpy())
 
