@@ -117,8 +117,11 @@ def _absolute(df: pl.DataFrame) -> pl.DataFrame:
 
 FEATURIZERS = {"time": time_features, "memory": memory_features}
 BASELINES = {"time": "k_step_s", "memory": "d_mem_gib"}
+# One thread: a correction learns from a few thousand rows, where a second thread saves little, and on a busy
+# machine xgboost's two OpenMP threads wait on each other (train's out-of-fold fits: 11 CPU-minutes at load 15,
+# against 28 s with one thread).
 XGB_PLAN = dict(n_estimators=300, max_depth=4, learning_rate=0.05, subsample=0.85, colsample_bytree=0.8,
-                min_child_weight=5.0, reg_lambda=5.0, tree_method="hist", n_jobs=2)
+                min_child_weight=5.0, reg_lambda=5.0, tree_method="hist", n_jobs=1)
 
 
 class Correction:
