@@ -299,7 +299,7 @@ def optimizer_step(df: pl.DataFrame) -> pl.DataFrame:
     flat16 = pl.when(copies & ~fp32).then(2.0).otherwise(0.0)
     foreach = pl.when(hf_trainer() & runtime_is(lambda r: r.trainer_torch_adamw) & ~on_cpu()).then(
         c("d_moment_bytes")).otherwise(0.0)
-    skip = c("p_offload") | (c("d_step_in_grads") if "d_step_in_grads" in df.columns else pl.lit(False))
+    skip = c("p_offload") | c("d_step_in_grads")  # trl_memory, earlier in memory_descriptors, sets it on every row
     per_param = pl.max_horizontal(grad32 + flat16, grad32 + foreach)
     return df.with_columns(d_step_transient_bytes=pl.when(skip).then(0.0).otherwise(unit * per_param))
 

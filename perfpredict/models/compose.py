@@ -239,9 +239,10 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
         # transformers' eager layer ops on a GPU (_hf_eager_units), timed as 'add' kernels (3 moves per element)
         # moving the same bytes: the fp32 RMSNorm chain, rotary, repeat_kv and copies on [T, h], SiLU and product
         # on the MLP's [T, ffn].
+        # `eg` marks the whole count as eager-op work (its launches are not kernel counts: _kernel_parts).
         *[b.filter(c(u) > 0).select("row", "hardware", "dtype", op=pl.lit("add"), numel=_i(n),
                                     count=per * passes * c(u) / 3.0, rc=per * rc * c(u) / 3.0,
-                                    rf=per * rf * c(u) / 3.0, eg=per * passes * c(u) / 3.0)
+                                    rf=per * rf * c(u) / 3.0).with_columns(eg=c("count"))
           for u, n in (("eager_h", c("T_sp") * c("h")), ("eager_f", c("T") * c("topk") * c("f") / c("t")))],
         # transformers' eager attention (core.frameworks EAGER_ATTENTION): the score matrix [seqs, heads/tp, s, s/cp]
         # written, scaled, masked, softmaxed in fp32, cast back and read in every forward (policy, recompute, live
@@ -252,9 +253,7 @@ def _membound(b: pl.DataFrame) -> list[pl.DataFrame]:
             count=c("Lps") * c("mbs") * ((c("attn_fwd_extra") + 1.0) * EAGER_ATTENTION.fwd_per_score
                                          + EAGER_ATTENTION.bwd_per_score) / 3.0,
             rc=c("Lps") * c("mbs") * (c("rc_full") + c("rc_attn")) * EAGER_ATTENTION.fwd_per_score / 3.0,
-            rf=c("Lps") * c("mbs") * c("ref") * EAGER_ATTENTION.fwd_per_score / 3.0,
-            eg=c("Lps") * c("mbs") * ((c("attn_fwd_extra") + 1.0) * EAGER_ATTENTION.fwd_per_score
-                                      + EAGER_ATTENTION.bwd_per_score) / 3.0),
+            rf=c("Lps") * c("mbs") * c("ref") * EAGER_ATTENTION.fwd_per_score / 3.0).with_columns(eg=c("count")),
         # TRL's fused head on CPU (features.trl.head_passes): its torch fold, in cross-entropy fwd+bwd units,
         # scaled by the fitted calibration (calibration.TrlCalibration).
         b.filter(c("head_fold") > 0).select("row", "hardware", "dtype", op=pl.lit("cross_entropy"),
@@ -381,13 +380,10 @@ def _canonical_flat(desc: pl.DataFrame) -> pl.DataFrame:
     """canonical_frame before its descriptors are recomputed."""
     hw = hardware_table().select(g_name="hardware", _intra="hw_intra_gb_per_s", _inter="hw_inter_gb_per_s")
     # The catalog's links joined on the hardware column alone, in the rows' order (joining and re-sorting the
-    # whole frame copied every column twice).
+    # whole frame copied every column twice); catalog names are unique (core.catalog keys its entries by name), so
+    # the join keeps one row per row.
     links = desc.select("g_name").join(hw, on="g_name", how="left", maintain_order="left")
-    if links.height == desc.height:
-        flat = desc.with_columns(links["_intra"], links["_inter"])
-    else:  # a hardware name listed twice in the catalog: the plain join, as before
-        flat = desc.with_row_index("_row").join(hw, on="g_name", how="left").sort("_row").drop("_row")
-    flat = flat.with_columns(
+    flat = desc.with_columns(links["_intra"], links["_inter"]).with_columns(
         p_sp=pl.lit(False), p_recompute=pl.lit("none"),
         w_reference=pl.when(c("w_reference").is_in(["live", "offloaded"])).then(pl.lit("precomputed"))
         .otherwise(c("w_reference")),

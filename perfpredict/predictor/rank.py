@@ -114,9 +114,7 @@ def _described_plans(model: ModelSpec, cluster: Cluster, workload: Workload, spa
         plans = plan_columns_frame(model, cluster, workload, space, own)
         if not plans.height:
             rej.counts.update(own.counts)
-            reasons = ", ".join(f"{r} ({n})" for r, n in own.counts.most_common(3))
-            raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
-                                   f"{workload.global_batch}: {reasons}")
+            raise _no_legal_plan(model, cluster, workload, own)
         try:
             described, canon = _host_ram_checked(model, cluster, workload, plans, own)
         finally:
@@ -159,10 +157,16 @@ def _host_ram_checked(model: ModelSpec, cluster: Cluster, workload: Workload, pl
         canon = (canon, of_row[described["_plan"].to_numpy()])
     described = described.drop("_plan")
     if not described.height:
-        reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
-        raise PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
-                               f"{workload.global_batch}: {reasons}")
+        raise _no_legal_plan(model, cluster, workload, rej)
     return described, canon
+
+
+def _no_legal_plan(model: ModelSpec, cluster: Cluster, workload: Workload, rej: Rejections) -> PerfPredictError:
+    """The error when no plan is left (none legal, or none whose node holds its offloaded states): its three most
+    common reasons."""
+    reasons = ", ".join(f"{r} ({n})" for r, n in rej.counts.most_common(3))
+    return PerfPredictError(f"no legal plan for {model.name} on {cluster.gpus} GPUs with global batch "
+                            f"{workload.global_batch}: {reasons}")
 
 
 def host_ram_refused(ranking: Ranking) -> int:
