@@ -156,13 +156,19 @@ class Correction:
     def _X(self, df: pl.DataFrame) -> np.ndarray:
         """The feature matrix (read-only). Applying a bundle asks it of one frame twice (the applicability distance,
         then the prediction of the applicable rows): the last frame's is kept, as domain_keys keeps its keys."""
-        last = self.__dict__.get("_last_X")
-        if last is not None and last[0]() is df and last[1] == df.height:
-            return last[2]
+        kept = self._kept("_last_X", df)
+        if kept is not None:
+            return kept
         X = self.features(df).fill_nan(0.0).fill_null(0.0).to_numpy().astype(float)
         X.flags.writeable = False
         self._last_X = (weakref.ref(df), df.height, X)
         return X
+
+    def _kept(self, name: str, df: pl.DataFrame):
+        """What _X or domain_keys kept under `name` for this very frame (a weak reference to it and its height: a
+        frame that is gone can never be mistaken for it), else None."""
+        last = self.__dict__.get(name)
+        return last[2] if last is not None and last[0]() is df and last[1] == df.height else None
 
     def _domain_key(self, framework: str, hardware: str, multi_node: bool) -> str:
         if self.domain == "device":
@@ -176,9 +182,9 @@ class Correction:
     def domain_keys(self, df: pl.DataFrame) -> list[str]:
         # Applying a bundle asks one frame's keys several times (weight, distance, intervals, the stall guard): the
         # last frame's are kept, by a weak reference to it, so a frame that is gone can never be mistaken for it.
-        last = self.__dict__.get("_last_keys")
-        if last is not None and last[0]() is df and last[1] == df.height:
-            return list(last[2])
+        kept = self._kept("_last_keys", df)
+        if kept is not None:
+            return list(kept)
         keys = self._domain_keys_of(df)
         self._last_keys = (weakref.ref(df), df.height, keys)
         return list(keys)
@@ -311,9 +317,9 @@ class Correction:
         if where is not None:
             out = np.zeros(df.height)
             if where.any():
-                last = self.__dict__.get("_last_X")
-                if last is not None and last[0]() is df and last[1] == df.height:  # the rows' features are known
-                    out[where] = self._bounded(self.model_.predict(last[2][where]))
+                X = self._kept("_last_X", df)
+                if X is not None:  # the rows' features are known
+                    out[where] = self._bounded(self.model_.predict(X[where]))
                 else:
                     out[where] = self.predict_log_ratio(df.filter(pl.Series(where)))
             return out
