@@ -94,7 +94,7 @@ def test_playbook_runs_match_csv():
     df = playbook.import_runs(SHARED / "ultrascale_playbook")
     assert df.height == 1641
     counts = dict(df.group_by("outcome").len().iter_rows())
-    assert counts == {"ok": 1027, "oom": 547, "error": 67}
+    assert counts == {"ok": 1027, "failed_unknown": 547, "error": 67}
     # benchmarks_1B_8B.csv line 2: 1B,1,8,2,16,256,8,1,1,0,39.2,40150,321200,50.2
     r = _row(df, "benchmarks_1B_8B.csv:2")
     assert (r["m_layers"], r["m_hidden"], r["m_ffn"], r["m_vocab"], r["m_tied"]) == (16, 2048, 8192, 131072, False)
@@ -117,8 +117,12 @@ def test_playbook_runs_match_csv():
     # line 61 (1B, dp8, mbs2, zero0) has nan metrics, but line 2 is the same configuration and ran at 50.2 GB
     r = _row(df, "benchmarks_1B_8B.csv:61")
     assert r["outcome"] == "error" and r["step_time_s"] is None and "benchmarks_1B_8B.csv:2 (50.2 GB)" in r["error"]
-    r = _row(df, "benchmarks_1B_8B.csv:141")  # nan, no twin that ran: oom as before
-    assert r["outcome"] == "oom" and "cause not given" in r["error"]
+    # nan, no twin that ran: the source files it as "crashed/oom" without a cause, so not an OOM label
+    r = _row(df, "benchmarks_1B_8B.csv:141")
+    assert r["outcome"] == "failed_unknown" and "cause not given" in r["error"]
+    evidence = dict(df.filter(pl.col("outcome") == "failed_unknown").group_by("oom_evidence").len().iter_rows())
+    assert evidence == {"siblings_over_gpu": 208, "larger_micro_batch_ran": 12, None: 327}
+    assert df.filter(pl.col("outcome") != "failed_unknown")["oom_evidence"].null_count() == 1641 - 547
     bad = df.filter(pl.col("outcome") == "error")
     assert bad.height == 67 and (bad["p_pp"] > bad["m_layers"]).sum() == 58
     # Identity = the published plan: 10 configurations published twice, only one of them with metrics on both lines.

@@ -175,6 +175,14 @@ def test_predict_table():
     assert "samples/s" in r.output
 
 
+def test_predict_explain_shows_margin_and_three_way_verdict():
+    """predict --explain says how the fits verdict was reached, as rank --explain does (predictor.predict.fit_line)."""
+    r = runner.invoke(app, ["predict", "examples/scenario-8b-dpo.json", "--explain"], terminal_width=400)
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if "Fit: " in x)
+    assert "margin" in line and "usable" in line and "at risk" in line and "does not fit" in line
+
+
 def test_library_rank_keyword_only():
     import perfpredict
     from perfpredict.core import Cluster, Workload, get_gpu

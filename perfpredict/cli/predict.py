@@ -22,6 +22,8 @@ def predict_cmd(
     file: Annotated[Path, typer.Argument(help="one scenario (JSON), a JSON list, or JSON Lines")],
     json_out: JsonOpt = None,
     predictor: PredictorOpt = None,
+    explain: Annotated[bool, typer.Option(help="how each training scenario's fits verdict was reached: the memory "
+                                               "reserve, the margin applied and the three-way rule")] = False,
 ) -> None:
     """One answer per scenario, in order: its prediction, or its error (exit code 2 if any scenario is invalid).
     Training scenarios, or `"phase": "generate"` ones (a file holds one kind)."""
@@ -30,7 +32,7 @@ def predict_cmd(
     check_outputs(json_out=json_out, not_same_as=file)
     if scenario_file_phase(path=file) == "generate":
         return _generation(file, json_out, predictor)
-    return _training(file, json_out, predictor)
+    return _training(file, json_out, predictor, explain=explain)
 
 
 def _generation(file: Path, json_out: str | None, predictor: Path | None) -> None:
@@ -54,7 +56,7 @@ def _stable(d: dict) -> dict:
     return {k: d[k] for k in PREDICT_KEYS}
 
 
-def _training(file: Path, json_out: str | None, predictor: Path | None) -> None:
+def _training(file: Path, json_out: str | None, predictor: Path | None, *, explain: bool = False) -> None:
     from perfpredict.api import predict_file_items
 
     answers = predict_file_items(path=file, predictor=predictor)
@@ -79,6 +81,11 @@ def _training(file: Path, json_out: str | None, predictor: Path | None) -> None:
                       f"{100 * p.mfu:.0f}%",
                       p.dominant)
         console.print(t)
+        if explain:
+            for it, p in answers:
+                if p is not None:
+                    console.print(f"{it.where} {it.at}: {p.fit_explanation}", markup=False, highlight=False,
+                                  soft_wrap=True)
     if bad:
         for it in bad if len(answers) > 1 else []:
             err.print(f"{it.where} {it.at}: {it.error}", markup=False, highlight=False, soft_wrap=True)

@@ -33,9 +33,10 @@ TABLE_COLUMNS = (
     ("time_interval_ratio", "width"), ("time_weight_mean", "applic."), ("mem_n", "mem n"), ("mem_mape", "mem MAPE"),
     ("mem_analytic_mape", "analytic"), ("mem_coverage", "cover90"), ("mem_interval_ratio", "width"),
     ("false_oom", "false OOM"), ("false_oom_analytic", "analytic"), ("missed_oom", "missed OOM"),
-    ("missed_oom_far", "of which <50%"), ("at_risk", "at risk"), ("rank_spearman", "Spearman"), ("rank_top1_regret", "regret"),
+    ("at_risk", "at risk"), ("failed_unknown_n", "failed ?"), ("failed_unknown_fits", "called fits"),
+    ("missed_oom_implied", "implied OOM called fits"), ("rank_spearman", "Spearman"), ("rank_top1_regret", "regret"),
 )
-PLAIN = {"time_n", "mem_n", "rank_spearman", "time_weight_mean"}
+PLAIN = {"time_n", "mem_n", "rank_spearman", "time_weight_mean", "failed_unknown_n"}
 RATIO = {"time_interval_ratio", "mem_interval_ratio"}  # median high/low of the 90 % interval
 
 
@@ -155,8 +156,9 @@ def evaluate_cmd(
                        progress=lambda m: prog.update(task, description=f"held out {m}"))
     say("time: step-time errors (learned | composition alone | analytic); width: median high/low of the 90% "
         "interval; applic.: mean weight of the learned correction; mem: peak memory; false OOM: ran but called "
-        "'does not fit'; missed OOM: failed but called 'fits' (of which <50%: with the point peak under half "
-        "the usable memory, far from any memory boundary); at risk: outcomes called neither")
+        "'does not fit'; missed OOM: out of memory but called 'fits'; at risk: outcomes called neither; failed ?: "
+        "failures whose cause the source does not give (not scored as OOM), the share of them called 'fits', and "
+        "of those whose measured siblings extrapolate past the GPU (implied OOM) the share called 'fits'")
     say(metrics_table(res["metrics"], "held-out accuracy (split 'largest' is the untouched test partition)"))
     trl = res.get("metrics_trl")
     if trl is not None and trl.height:

@@ -73,9 +73,19 @@ ATTN_IMPLS = ("flash2", "flash3", "cudnn", "mem_efficient", "math", "sdpa-cpu")
 # reads each against the generic kernel models' time for the same work.
 TRL_OPS = ("trl_sdpa", "trl_linears", "trl_elementwise", "trl_head")
 
+# A run's outcome. `oom` only where the source says out of memory (our harness reads the exception); a published
+# failure whose cause the source does not give is `failed_unknown` (the Ultra-Scale Playbook's "crashed/oom"):
+# it is neither an OOM label nor a run that fitted, and evaluation reports it apart (train.evaluate).
+FAILED_UNKNOWN = "failed_unknown"
+OUTCOMES = ("ok", "oom", FAILED_UNKNOWN, "timeout", "error")
+# `oom_evidence` of a failed_unknown row (importers.playbook.oom_evidence): what measured runs of the same layout
+# say about its memory. Evidence beside the outcome, never a label.
+SIBLINGS_OVER_GPU = "siblings_over_gpu"
+LARGER_MICRO_BATCH_RAN = "larger_micro_batch_ran"
+
 LABEL_COLUMNS = {
     "run_id": pl.Utf8,
-    "outcome": pl.Utf8,            # ok | oom | timeout | error
+    "outcome": pl.Utf8,            # ok | oom | failed_unknown | timeout | error (see OUTCOMES)
     "error": pl.Utf8,
     "step_time_s": pl.Float64,     # median over timed steps (null unless ok)
     "step_time_cv": pl.Float64,    # coefficient of variation over timed steps

@@ -13,6 +13,7 @@ from perfpredict.core.catalog import get_gpu
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.model import ModelSpec
 from perfpredict.core.plan import Plan
+from perfpredict.core.schema import FAILED_UNKNOWN, LARGER_MICRO_BATCH_RAN, SIBLINGS_OVER_GPU
 from perfpredict.core.workload import Workload
 from perfpredict.importers.common import (
     Upstream,
@@ -49,6 +50,10 @@ MODELS = {
 }
 
 NO_METRICS = "no metrics published: crashed or out of memory, cause not given upstream"
+# A run without metrics is `failed_unknown`, not `oom`: the source's figure files them under one category,
+# "crashed/oom" (assets/data/benchmarks/benchmarks_interactive.html, the benchmark heatmap's legend), and its text
+# ("Lessons learned on benchmarking", index.html) names failures that are not memory at all: processes that failed to
+# clean up, jobs Slurm terminated with their nodes, jobs that hung. No log or per-run cause is published.
 
 
 def _num(x: str) -> float | None:
@@ -124,7 +129,7 @@ def import_runs(src: Path) -> pl.DataFrame:
                                    f"({by_line[t]['gpu_mem_gb']} GB): not a deterministic out-of-memory, cause "
                                    "not given upstream"}
             else:
-                labels = {"outcome": "oom", "error": NO_METRICS}
+                labels = {"outcome": FAILED_UNKNOWN, "error": NO_METRICS}
         else:
             step = gbs * SEQ / tok_s
             labels = {"outcome": "ok", "error": None, "step_time_s": step, "tokens_per_s": tok_s,
@@ -147,7 +152,39 @@ def import_runs(src: Path) -> pl.DataFrame:
             "tok_s_gpu": _num(r["tok_s_gpu"]),
             "gpu_mem_gb": mem,
         })
+    oom_evidence(rows, gpu.memory_gib)
     return runs_frame(rows)
+
+
+def oom_evidence(rows: list[dict[str, Any]], gpu_memory_gib: float) -> None:
+    """Set `oom_evidence` on every failed_unknown row from the published peaks of the same layout (model, nodes,
+    tp, pp, dp, zero) at other micro-batches: LARGER_MICRO_BATCH_RAN when one at this micro-batch or larger ran
+    (memory grows with the micro-batch, so the failure was not its peak); SIBLINGS_OVER_GPU when the line through
+    the two largest smaller micro-batches' peaks passes the GPU's memory at this one (consistent with out of
+    memory); null otherwise (fewer than two measured smaller siblings, or the line stays under). A diagnostic beside
+    the outcome, not a relabel: the extrapolation is an estimate, and estimates are never labels."""
+    def layout(r: dict[str, Any]) -> tuple:
+        return r["m_name"], r["c_nodes"], r["p_tp"], r["p_pp"], r["p_dp"], r["p_zero"]
+
+    peaks: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        if r["outcome"] == "ok" and r.get("peak_memory_gib"):
+            by_mb = peaks.setdefault(layout(r), {})
+            by_mb[r["p_micro_batch"]] = max(by_mb.get(r["p_micro_batch"], 0.0), r["peak_memory_gib"])
+    for r in rows:
+        r["oom_evidence"] = None
+        if r["outcome"] != FAILED_UNKNOWN:
+            continue
+        mb, by_mb = r["p_micro_batch"], peaks.get(layout(r), {})
+        if any(m >= mb for m in by_mb):
+            r["oom_evidence"] = LARGER_MICRO_BATCH_RAN
+            continue
+        smaller = sorted(m for m in by_mb if m < mb)
+        if len(smaller) >= 2:
+            (m1, m2) = smaller[-2:]
+            p1, p2 = by_mb[m1], by_mb[m2]
+            if p2 + (p2 - p1) / (m2 - m1) * (mb - m2) > gpu_memory_gib:
+                r["oom_evidence"] = SIBLINGS_OVER_GPU
 
 
 def twin_spread(src: Path) -> list[tuple[int, int, float]]:
@@ -256,12 +293,27 @@ SECTION = """\
     as GiB. Both readings fit within allocator overhead; the evidence is not decisive, so the decimal label was
     followed. If the values were GiB, every peak_memory_gib here is 7.4% low; `gpu_mem_gb` keeps the raw figure.
     Probably peak *reserved* memory (nanotron's logged figure), not peak allocated: hence memory_kind `reported`.
-  - Rows without metrics (nan upstream): outcome `oom`, error "no metrics published: crashed or out of memory,
-    cause not given upstream" - except (a) the 58 rows with pp larger than the model's layer count (1B pp
+  - Rows without metrics (nan upstream): outcome `failed_unknown`, error "no metrics published: crashed or out of
+    memory, cause not given upstream" - except (a) the 58 rows with pp larger than the model's layer count (1B pp
     32/64/128, 8B pp 64/128), which cannot run at all: outcome `error` with that reason in `error` (they also fail
     the scenario check, pp must divide layers, recorded in `note`); and (b) the 9 rows whose identical configuration
     ran on another line (listed above): outcome `error`, "not a deterministic out-of-memory", since the same plan
-    measured a peak well under 80 GB. Totals: 1027 ok, 547 oom, 67 error.
+    measured a peak well under 80 GB. Totals: 1027 ok, 547 failed_unknown, 67 error.
+  - Why `failed_unknown` and not `oom` (until this revision they were `oom`): upstream files every run without
+    metrics under one category, "crashed/oom" (the benchmark heatmap's legend in
+    assets/data/benchmarks/benchmarks_interactive.html), with no log or per-run cause, and the playbook's text
+    ("Lessons learned on benchmarking", index.html) lists failures that are not memory: "PyTorch processes would
+    sometimes fail to clean up properly", "The Slurm job manager would forcefully terminate jobs, leading to node
+    failures", "Some jobs would hang indefinitely". The 9 twins above show such failures on plans that fit.
+    Scored as OOM, these rows counted crashes as missed OOMs (the scale fold's 51.1 % missed OOM was 49.5 points of
+    runs predicted under half the usable memory). Evaluation reports them apart (count, share called "fits",
+    predicted share of usable memory); they are neither OOM labels nor runs that fitted.
+  - `oom_evidence` (a diagnostic, never a label), from this source's own measured peaks of the same layout (model,
+    nodes, tp, pp, dp, zero) at other micro-batches: `siblings_over_gpu` on 208 failed rows (the line through the
+    two largest smaller micro-batches' peaks passes 80 GiB at the failed one: consistent with out of memory);
+    `larger_micro_batch_ran` on 12 (the same layout at this or a larger micro-batch published a peak, so memory did
+    not cause the failure); null on the other 327 (fewer than two measured smaller siblings, or the line stays
+    under 80 GiB).
 - measured_scaling_plots.csv: not imported (0 rows).
   - dp_scaling (1B, 6 rows): each plotted tok/s/GPU is a benchmarks_1B_8B.csv row already imported (matching lines
     listed below), mixing micro-batch 1 and 2 runs, and its memory column is one constant (36.66) for every dp: they

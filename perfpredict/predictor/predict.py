@@ -128,6 +128,21 @@ ENGINE_TERMS = {"exposed ZeRO-3/FSDP gather": "e_zero3_gather_s", "ZeRO-3 hook o
 assert tuple(ENGINE_TERMS.values()) == ENGINE_PARTS
 
 
+def fit_line(row: dict) -> str:
+    """How a plan's verdict was reached (the `--explain` memory line of `rank` and `predict`): the reserve outside
+    the allocator, the peak's interval, the margin applied and the three-way rule (models.oom.verdict)."""
+    usable = row["r_usable_gib"]
+    return (f"Fit: {row['fit_verdict']}, P(OOM) {100 * row['oom_risk']:.1f}%. GPU {row['g_memory_gib']:.0f} GiB - "
+            f"reserve {row['g_memory_gib'] - usable:.2f} (what CUDA keeps back {row['r_hidden_gib']:.2f}, CUDA context "
+            f"{row['r_context_gib']:.2f}, NCCL buffers {row['r_nccl_gib']:.2f}) = {usable:.1f} GiB usable; peak "
+            f"{row['peak_memory_gib']:.1f} [{row['peak_memory_lo_gib']:.1f}-{row['peak_memory_hi_gib']:.1f}] x "
+            f"(1 + margin {row['oom_margin']:+.2f}) must stay within it: fits up to {row['fit_limit_gib']:.1f} GiB "
+            "(margin: the interval's upper end, times the margin calibrated on held-out OOM outcomes for this "
+            "framework family and GPU memory class where it has them). Three-way: fits when the peak x (1 + margin) "
+            "stays within the usable memory; does not fit when even the interval's lower end exceeds it; at risk "
+            "in between.")
+
+
 @dataclass(frozen=True)
 class Prediction:
     step_time_s: float
@@ -143,6 +158,7 @@ class Prediction:
     dominant: str
     fit_verdict: str = "fits"  # fits / at risk / does not fit (models.oom); `fits` is fit_verdict == "fits"
     oom_risk: float = 0.0  # P(peak > the memory the allocator can use)
+    fit_explanation: str = ""  # fit_line: the reserve, the margin applied and the three-way verdict
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,7 +177,7 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
                    "logits_gib": r["mem_logits_gib"], "reference_gib": r["mem_reference_gib"],
                    "other_gib": r["mem_other_gib"],
                    **{k[2:]: r[k] for k in ENGINE_TERMS.values() if k in r}},
-        dominant=r["dominant"], fit_verdict=r["fit_verdict"], oom_risk=r["oom_risk"])
+        dominant=r["dominant"], fit_verdict=r["fit_verdict"], oom_risk=r["oom_risk"], fit_explanation=fit_line(r))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
 from perfpredict.features.plans import PlanSpace, Rejections, plan_columns_frame
 from perfpredict.models.bundle import Bundle
-from perfpredict.predictor.predict import ENGINE_TERMS, load_predictor, predict_frame
+from perfpredict.predictor.predict import ENGINE_TERMS, fit_line, load_predictor, predict_frame
 
 c = pl.col
 STALL_NOTE_SHARE = 0.1  # rank says so when this share of #1's step is the pipeline-stall risk (b_stall_s)
@@ -379,15 +379,3 @@ def misses_line(ranking: Ranking, n: int = 3) -> str:
                         f"{m['peak_memory_gib']:.1f} GiB x {1 + m['oom_margin']:.2f} vs {m['r_usable_gib']:.1f} "
                         f"usable of {m['g_memory_gib']:.0f}"
                         for m in miss.iter_rows(named=True)))
-
-
-def fit_line(row: dict) -> str:
-    """How a plan's verdict was reached (the `--explain` memory line)."""
-    usable = row["r_usable_gib"]
-    return (f"Fit: {row['fit_verdict']}, P(OOM) {100 * row['oom_risk']:.1f}%. GPU {row['g_memory_gib']:.0f} GiB - "
-            f"reserve {row['g_memory_gib'] - usable:.2f} (what CUDA keeps back {row['r_hidden_gib']:.2f}, CUDA context "
-            f"{row['r_context_gib']:.2f}, NCCL buffers {row['r_nccl_gib']:.2f}) = {usable:.1f} GiB usable; peak "
-            f"{row['peak_memory_gib']:.1f} [{row['peak_memory_lo_gib']:.1f}-{row['peak_memory_hi_gib']:.1f}] x "
-            f"(1 + margin {row['oom_margin']:+.2f}) must stay within it: fits up to {row['fit_limit_gib']:.1f} GiB "
-            "(margin: the interval's upper end, times the margin calibrated on held-out OOM outcomes for this "
-            "framework family and GPU memory class where it has them).")

@@ -8,6 +8,7 @@ import polars as pl
 
 from perfpredict.core.dataset import CALIB_RATIO_MAX, OTHER_LOAD_MAX_CORES, read_tables
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.schema import FAILED_UNKNOWN
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import trl_mode
 
@@ -125,5 +126,11 @@ def memory_rows(runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def oom_rows(runs: pl.DataFrame) -> pl.DataFrame:
-    """Rows with a known fit/OOM outcome."""
+    """Rows with a known fit/OOM outcome. A failure whose cause the source does not give (failed_unknown) is not
+    one: scored as an OOM it would count crashes, hangs and killed jobs as memory misses."""
     return runs.filter(c("outcome").is_in(["ok", "oom"])).with_columns(fits=c("outcome") == "ok")
+
+
+def failed_unknown_rows(runs: pl.DataFrame) -> pl.DataFrame:
+    """Failures of unknown cause (core.schema: outcome failed_unknown), reported apart from the OOM scores."""
+    return runs.filter(c("outcome") == FAILED_UNKNOWN)

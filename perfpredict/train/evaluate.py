@@ -27,11 +27,11 @@ import polars as pl
 from scipy.stats import spearmanr
 
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.core.schema import TRL_OPS
+from perfpredict.core.schema import SIBLINGS_OVER_GPU, TRL_OPS
 from perfpredict.features.compute import on_cpu
 from perfpredict.features.trl import is_trl, trl_mode
 from perfpredict.models.kernels import KernelModel
-from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
+from perfpredict.train.data import failed_unknown_rows, load_probes, load_runs, memory_rows, oom_rows, time_rows
 from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle
 
 c = pl.col
@@ -156,6 +156,29 @@ def _widths(prefix: str, point: np.ndarray, lo: np.ndarray, hi: np.ndarray, weig
             f"{prefix}_interval_ratio_outside": float(np.median(ratio[~inside])) if (~inside).any() else nan}
 
 
+def _failed_unknown(g: pl.DataFrame) -> dict[str, float]:
+    """Failures whose cause the source does not give (outcome failed_unknown: the playbook's "crashed or out of
+    memory"), reported beside the OOM scores and never in them: their count, the share called "fits", the median
+    predicted peak over usable memory and the share predicted under half of it. `implied` are those whose own
+    source's measured peaks of the same layout extrapolate past the GPU (importers.playbook.oom_evidence): the
+    ones most likely out of memory, with the share of them called "fits" (a diagnostic, not a label)."""
+    f = failed_unknown_rows(g)
+    nan = float("nan")
+    out = {"failed_unknown_n": f.height, "failed_unknown_fits": nan, "failed_unknown_mem_share": nan,
+           "failed_unknown_under_half": nan, "failed_implied_oom_n": 0, "missed_oom_implied": nan}
+    if not f.height or "fit_verdict" not in f.columns:
+        return out
+    share = (f["pred_mem_gib"] / f["r_usable_gib"]).to_numpy()
+    out |= {"failed_unknown_fits": float((f["fit_verdict"] == "fits").mean()),
+            "failed_unknown_mem_share": float(np.nanmedian(share)),
+            "failed_unknown_under_half": float(np.mean(share < 0.5))}
+    if "oom_evidence" in f.columns:
+        imp = f.filter(c("oom_evidence") == SIBLINGS_OVER_GPU)
+        out["failed_implied_oom_n"] = imp.height
+        out["missed_oom_implied"] = float((imp["fit_verdict"] == "fits").mean()) if imp.height else nan
+    return out
+
+
 def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> pl.DataFrame:
     """One row per value of `keys` with every metric, learned beside the composition and the analytic baseline."""
     rows = []
@@ -185,11 +208,7 @@ def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> 
         # false OOM: ran, called "does not fit"; missed OOM: failed, called "fits"; at risk: neither call made.
         row["false_oom"] = float((ran["fit_verdict"] == "does not fit").mean()) if ran.height else np.nan
         row["missed_oom"] = float((failed["fit_verdict"] == "fits").mean()) if failed.height else np.nan
-        # Of the failures, those called "fits" with the point peak under half the usable memory: the playbook's
-        # failures are "crashed or out of memory, cause not given", and these are far from any memory boundary.
-        row["missed_oom_far"] = (float(((failed["fit_verdict"] == "fits")
-                                        & (failed["pred_mem_gib"] < 0.5 * failed["r_usable_gib"])).mean())
-                                 if failed.height else np.nan)
+        row |= _failed_unknown(g)
         row["at_risk"] = float((orow["fit_verdict"] == "at risk").mean()) if orow.height else np.nan
         row["false_oom_analytic"] = (float((ran["d_mem_gib"] > ran["g_memory_gib"]).mean()) if ran.height else np.nan)
         row["oom_accuracy"] = (float(np.mean(orow["pred_fits"].to_numpy() == orow["fits"].to_numpy()))

@@ -148,8 +148,8 @@ def _plan_section(plan: list[Row], shipped: str) -> list[str]:
         out += [WIDTH_NOTE]
     if ratios or ooms:
         out += ["`high/low` columns: the median 90 % interval's upper over lower end (targets: 1.6x inside a "
-                "measured domain, 3x outside). `missed OOM`: runs that failed but were called \"fits\"; `at risk`: "
-                "outcomes called neither fits nor does not fit (models.oom).\n"]
+                "measured domain, 3x outside). `missed OOM`: runs the source reports out of memory but called "
+                "\"fits\"; `at risk`: outcomes called neither fits nor does not fit (models.oom).\n"]
     return out + _holds(rows)
 
 
@@ -261,6 +261,33 @@ def _playbook(plan: list[Row], shipped: str) -> list[str]:
     gap = 100 * float(r["time_mape"]) - 34.0
     return [PLAYBOOK_PROSE.rstrip("\n") + f" On the test partition the learned prediction is {pct(r['time_mape'])} "
             f"(composition {pct(r.get('time_composed_mape'))}), {gap:.1f} points above the 34.0 % floor.", ""]
+
+
+FAILED_UNKNOWN_PROSE = """\
+### Failures of unknown cause (not scored as OOM)
+
+The playbook publishes its runs without metrics under one category, "crashed/oom", with no log or per-run cause,
+and its text names failures that are not memory (processes that failed to clean up, jobs Slurm terminated, jobs that
+hung); see its SOURCE.md. These runs are outcome `failed_unknown`: neither OOM labels nor runs that fitted, so they
+are in no OOM column above. Per split and source: how many, the share called "fits", the median predicted peak over
+the usable memory, the share predicted under half of it; and, of those whose own source's measured peaks of the
+same layout at smaller micro-batches extrapolate past the GPU's memory (`oom_evidence` siblings_over_gpu, a
+diagnostic, not a label), how many and the share called "fits".
+"""
+
+
+def _failed_unknown(plan: list[Row], shipped: str) -> list[str]:
+    rows = _sorted([r for r in plan if r["variant"] == shipped and not _missing(r.get("failed_unknown_n"))
+                    and r["failed_unknown_n"] > 0 and r["source"] != "all"], "source")
+    if not rows:
+        return []
+    head = ["split", "source", "failed, cause unknown", "called fits", "predicted peak / usable (median)",
+            "under half", "implied OOM", "implied OOM called fits"]
+    body = [[SPLIT_LABEL.get(r["split"], r["split"]), r["source"], count(r["failed_unknown_n"]),
+             pct(r.get("failed_unknown_fits")), pct(r.get("failed_unknown_mem_share")),
+             pct(r.get("failed_unknown_under_half")), count(r.get("failed_implied_oom_n")),
+             pct(r.get("missed_oom_implied"))] for r in rows]
+    return [FAILED_UNKNOWN_PROSE, *_table(head, body)]
 
 
 TRL_PROSE = """\
@@ -456,6 +483,7 @@ def accuracy_markdown(*, evaluation: list[Row], generate_evaluation: dict[str, A
     parts: list[str] = [INTRO]
     parts += _plan_section(plan, shipped)
     parts += _playbook(plan, shipped)
+    parts += _failed_unknown(plan, shipped)
     parts += _variant_section(plan, shipped)
     parts += _trl_section(trl, shipped)
     parts += _trl_host_section(evaluation, shipped)
