@@ -16,8 +16,11 @@ Calibration (fit): over out-of-fold predictions with a known outcome, a is the s
 whose missed-OOM rate (failed, called "fits") is at most MAX_MISSED_OOM, or, where no a reaches that, within
 MISSED_SLACK of the rate A_MAX reaches; b the largest in [-0.3, 0] whose false-OOM rate (ran, called "does not
 fit") stays at most MAX_FALSE_OOM: "does not fit" needs at least the interval's lower end above usable memory. A b
-above 0 met the cap on the playbook's 1B failures and called 16 % of its held-out 8B runs that ran "does not fit". Published failures include crashes that were not out of memory (the playbook's "crashed or out
-of memory, cause not given": 15 % of its failures are predicted below 30 % of the GPU): no margin reaches those.
+above 0 met the cap on the playbook's 1B failures and called 16 % of its held-out 8B runs that ran "does not fit".
+Only failures a source reports as out of memory are OOM outcomes: the playbook's "crashed or out of memory, cause
+not given" are `failed_unknown` (core.schema), outside this calibration, so no cell has OOM outcomes today and every
+cell keeps a = b = 0. (Scored as OOM they had set a = 0.18 for nanotron on 80 GiB GPUs, and 15 % of them are
+predicted below 30 % of the GPU: no margin reaches a crash.) The history below was measured while they counted.
 Past A_MAX (30 % over the interval's upper end) each point of missed OOM caught hid ~4 points of runs that ran
 (playbook, out of fold: a 0.3 -> 1.0 took missed OOM from 16.6 % to 14.6 % and runs called "fits" from 82 % to
 66 %)."""
