@@ -69,3 +69,24 @@ def test_margin_never_tightens_the_interval_upper_end():
     pred = np.r_[rng.uniform(0.2, 0.4, 300), rng.uniform(1.2, 2.0, 100)]
     m = OomMargins().fit(["3d|64-96GiB"] * 400, pred / 2, pred * 2, np.ones(400), ran)
     assert m.cells_["3d|64-96GiB"]["a"] == 0.0
+
+
+def test_failures_of_unknown_cause_are_reported_apart_and_never_scored_as_oom():
+    """The playbook's "crashed or out of memory, cause not given" rows (outcome failed_unknown) are neither OOM
+    labels nor runs that fitted: oom_rows leaves them out and evaluate reports them in their own columns."""
+    import polars as pl
+
+    from perfpredict.train.data import failed_unknown_rows, oom_rows
+    from perfpredict.train.evaluate import _failed_unknown
+
+    df = pl.DataFrame({
+        "outcome": ["ok", "oom", "failed_unknown", "failed_unknown", "failed_unknown", "failed_unknown"],
+        "oom_evidence": [None, None, "siblings_over_gpu", "siblings_over_gpu", "larger_micro_batch_ran", None],
+        "fit_verdict": ["fits", "does not fit", "fits", "at risk", "fits", "does not fit"],
+        "pred_mem_gib": [10.0, 90.0, 20.0, 70.0, 30.0, 100.0], "r_usable_gib": [78.0] * 6})
+    assert oom_rows(df)["outcome"].to_list() == ["ok", "oom"]
+    assert failed_unknown_rows(df).height == 4
+    got = _failed_unknown(df)
+    assert got["failed_unknown_n"] == 4 and got["failed_unknown_fits"] == 0.5
+    assert got["failed_unknown_under_half"] == 0.5  # 20 and 30 of 78 GiB usable
+    assert got["failed_implied_oom_n"] == 2 and got["missed_oom_implied"] == 0.5
