@@ -8,8 +8,9 @@ TensorRT-LLM max_num_tokens defaults on these GPUs). Per-GPU decode throughput =
 source's notes say (steady state).
 
 Splits hold out one model, one GPU type or one backend at a time. The composition has no fitted part; the learned
-correction is one scale and one per-step overhead per backend (log-space least squares on the training rows of
-the split), kept only where it lowers the held-out error of its validation folds (else the composition stands).
+correction (fitted on the training rows of the split) is a TPOT scale per backend and dense/MoE, and for TTFT four
+terms pooled over the backends (grouped returns, opening burst, a fixed time, a host time per running stream); each
+is used only where it lowers the held-out error on every split (else the composition stands).
 
 Layout choice: groups = (backend, model, GPU, weight format, isl, osl) with >= 2 TP degrees measured; a layout's
 value is its best per-GPU throughput over the concurrencies measured for it; the prediction picks the TP with the
