@@ -181,6 +181,10 @@ def test_predict_explain_shows_margin_and_three_way_verdict():
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines() if "Fit: " in x)
     assert "margin" in line and "usable" in line and "at risk" in line and "does not fit" in line
+    r = runner.invoke(app, ["predict", "examples/scenario-8b-dpo.json", "--explain", "--json", "-"])
+    assert r.exit_code == 0 and "margin" in json.loads(r.output.splitlines()[0])["fit_explanation"]
+    r = runner.invoke(app, ["predict", "examples/scenario-generate-70b.json", "--explain"])
+    assert r.exit_code == 2 and "training scenario" in r.output and "Traceback" not in r.output
 
 
 def test_library_rank_keyword_only():

@@ -31,6 +31,9 @@ def predict_cmd(
 
     check_outputs(json_out=json_out, not_same_as=file)
     if scenario_file_phase(path=file) == "generate":
+        if explain:
+            raise PerfPredictError("--explain explains a training scenario's fits verdict; this file holds "
+                                   "generation scenarios (`generate rank --explain` covers layouts)")
         return _generation(file, json_out, predictor)
     return _training(file, json_out, predictor, explain=explain)
 
@@ -64,7 +67,8 @@ def _training(file: Path, json_out: str | None, predictor: Path | None, *, expla
     if len(answers) == 1 and bad and not json_out:
         raise PerfPredictError(bad[0].error)  # one scenario: its error is the whole answer
     if json_out:
-        lines = [json.dumps(_stable(p.to_dict()) | it.location()) if p is not None else
+        lines = [json.dumps(_stable(p.to_dict()) | it.location()
+                            | ({"fit_explanation": p.fit_explanation} if explain else {})) if p is not None else
                  json.dumps({"error": it.error, **it.location()}) for it, p in answers]
         write_text(json_out, "\n".join(lines) + "\n")
     else:
