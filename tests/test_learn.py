@@ -278,3 +278,15 @@ def test_memory_intervals_are_per_framework_family_and_device_never_pooled_over_
                                   "outside_keys": {"cpu": [-0.1, 0.3], "trl:cpu": [-0.02, 0.02]}})
     lo, hi = legacy.bounds(["trl:cpu"], np.zeros(1))
     assert (lo[0], hi[0]) == pytest.approx((-0.02, 0.02))  # TRL keeps its own key, never the device's
+
+
+def test_held_out_scores_one_named_fold_and_refuses_an_unknown_one():
+    """evaluate.held_out(fold=...) runs one fold of a split (one held-out hardware takes minutes where the whole
+    evaluate takes half an hour); a fold the split does not have is one clear error naming the folds it has, before
+    anything is fitted."""
+    from perfpredict.core.errors import PerfPredictError
+    from perfpredict.train.evaluate import held_out
+
+    runs = pl.DataFrame({"g_name": ["a100-sxm-80gb", "h100-sxm-80gb", "a100-sxm-80gb"]})
+    with pytest.raises(PerfPredictError, match=r"no fold 'b200'; its folds: a100-sxm-80gb, h100-sxm-80gb"):
+        held_out(runs, pl.DataFrame(), split="hardware", fold="b200")
