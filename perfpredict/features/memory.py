@@ -9,6 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from perfpredict.features.compute import (
+    compute_bytes,
     hf_trainer,
     no_sync_grad_bytes,
     on_cpu,
@@ -25,19 +26,30 @@ def _tp():
 
 
 def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
-    """Plan columns newer than some datasets (expert parallelism, parameter offload, uneven stages): added with the
-    value those rows ran with where a frame lacks them or holds nulls."""
+    """Plan, workload and model columns newer than some datasets (expert parallelism, parameter offload, uneven
+    stages, the optimizer, soft-capped logits): added with the value those rows ran with where a frame lacks them or
+    holds nulls."""
     from perfpredict.core.frameworks import RUNTIME
-    from perfpredict.core.scenario import PLAN_COLUMN_DEFAULTS
+    from perfpredict.core.scenario import LATER_COLUMN_DEFAULTS, PLAN_COLUMN_DEFAULTS
 
     dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean,
-              "p_eager_attention": pl.Boolean}
+              "p_eager_attention": pl.Boolean, "w_optimizer": pl.Utf8, "m_logit_softcap": pl.Float64}
     df = df.with_columns([
         (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
-        for k, v in PLAN_COLUMN_DEFAULTS.items()])
+        for k, v in {**PLAN_COLUMN_DEFAULTS, **LATER_COLUMN_DEFAULTS}.items()])
     # The runtime whose memory/communication rules apply (core.frameworks RUNTIME: trl+deepspeed -> deepspeed ...).
     return df.with_columns(d_runtime=c("p_framework").replace_strict(RUNTIME, default=c("p_framework"),
                                                                      return_dtype=pl.Utf8))
+
+
+def optimizer_rule(field: str) -> pl.Expr:
+    """Per row, the workload optimizer's `field` in core.frameworks OPTIMIZERS; null where the table leaves it to the
+    runtime (None) or the workload names none."""
+    from perfpredict.core.frameworks import OPTIMIZERS
+
+    values = {n: getattr(o, field) for n, o in OPTIMIZERS.items() if getattr(o, field) is not None}
+    dtype = pl.Boolean if all(isinstance(v, bool) for v in values.values()) else pl.Float64
+    return c("w_optimizer").replace_strict(values, default=None, return_dtype=dtype)
 
 
 def stage_layout(df: pl.DataFrame) -> pl.DataFrame:
@@ -109,7 +121,12 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     no_master = runtime_is(lambda r: not r.separate_master)
     master = pl.when(ds_fp32_master).then(4.0).when(fp32 | no_master | ~c("w_master_fp32")).then(
         0.0).otherwise(4.0)
-    o = master + pl.when(ddp16).then(4.0).otherwise(8.0)
+    # Adam's two moments: the parameters' dtype rule above unless the workload names an optimizer that keeps them
+    # otherwise (core.frameworks OPTIMIZERS: bitsandbytes' 8-bit states, ~1 B each); paged states live outside the
+    # allocator (Optimizer.paged), so none of them count on the GPU.
+    moment = optimizer_rule("moment_bytes").fill_null(pl.when(ddp16).then(2.0).otherwise(4.0))
+    paged = optimizer_rule("paged").fill_null(False)
+    o = master + pl.when(paged).then(0.0).otherwise(2.0 * moment)
     z = c("p_zero")
     # Context-parallel ranks hold the same weights and join the gradient reduction: Megatron's distributed
     # optimizer shards over the data-parallel-with-context-parallel group, dp x cp.
@@ -135,7 +152,7 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
                            # what the optimizer step sees: every gradient of the shard (features.trl may lower
                            # d_grad_bpp where gradients and activations are not alive together) and the Adam
                            # moments' dtype (bf16 moments for a bf16-loaded model on plain torch)
-                           d_grad_bpp_step=g_gpu, d_moment_bytes=pl.when(ddp16).then(2.0).otherwise(4.0))
+                           d_grad_bpp_step=g_gpu, d_moment_bytes=moment)
 
 
 def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
@@ -172,7 +189,7 @@ def korthikanti_per_layer_bytes(s: float, b: float, h: float, a: float, t: int, 
 
 def activations(df: pl.DataFrame) -> pl.DataFrame:
     """Activation bytes of the first stage (most micro-batches in flight) per rank, and the logits on the last."""
-    act_bytes = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0) / 2.0  # coefficients assume 16-bit
+    act_bytes = compute_bytes() / 2.0  # coefficients assume 16-bit
     s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
     b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
     h = c("m_hidden").cast(pl.Float64)
@@ -201,7 +218,7 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     # Output logits: bf16 logits, an fp32 copy and the fp32 log-softmax kept for backward (TRL/HF path);
     # Megatron/nanotron's fused vocab-parallel cross entropy keeps the fp32 softmax only.
     hf = runtime_is(lambda r: not r.fused_vocab_ce)
-    logit_bpe = pl.when(hf).then(10.0).otherwise(6.0)
+    logit_bpe = pl.when(hf).then(10.0 + softcap_kept_bytes()).otherwise(6.0)
     logits = pl.when(c("p_fused_head")).then(fused_head_bytes(s * b, v / t, h)).otherwise(s * b * v / t * logit_bpe)
     # The second stage keeps one micro-batch fewer in flight under 1F1B; with an uneven split it may hold the most
     # layers (a middle stage), so it can be the peak rank.
@@ -216,6 +233,23 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
         d_act_mid=per_layer * c("d_layers_max") * inflight_mid + recompute_transient,
         d_logits_bytes=logits,
     )
+
+
+def softcap_kept_bytes() -> pl.Expr:
+    """Bytes per full-vocabulary logit that soft-capped logits (ModelSpec.final_logit_softcapping, column
+    m_logit_softcap) keep beyond plain ones on transformers' logits path, 0 for a model without them.
+
+    transformers' Gemma2ForCausalLM.forward (models/gemma2/modeling_gemma2.py:519-523 in 5.24; the same three lines in
+    4.44, whose forward then upcasts with `logits.float()` as Llama's does): `logits / cap`, `torch.tanh(logits)`,
+    `logits * cap`, each a new [tokens, vocab] tensor in the head's dtype. Dividing and multiplying by a Python scalar
+    save nothing for the backward, so their inputs are freed as each result is rebound to `logits`; tanh saves its
+    output (its backward is grad * (1 - y^2)), which stays alive from the forward to the head's backward, through the
+    fp32 copy and log-softmax the plain path already holds (activations' 10 B per logit). At most two of the chain's
+    tensors exist at once while it runs (4 B), less than the loss's moment it precedes: the peak grows by that one
+    kept tensor, the compute dtype's bytes per logit. Not on fused heads (Liger's FLCE caps each chunk inside its
+    kernel; TRL's chunked head is left as it is) nor on Megatron/nanotron's vocab-parallel loss (no Gemma 2 support
+    there)."""
+    return pl.when(c("m_logit_softcap") > 0).then(compute_bytes()).otherwise(0.0)
 
 
 def liger_chunk_rows(bt: pl.Expr, v: pl.Expr, h: pl.Expr) -> pl.Expr:
@@ -297,7 +331,11 @@ def optimizer_step(df: pl.DataFrame) -> pl.DataFrame:
     fp32 = c("w_precision") == "fp32"
     grad32 = pl.when(copies).then(4.0).otherwise(0.0)
     flat16 = pl.when(copies & ~fp32).then(2.0).otherwise(0.0)
-    foreach = pl.when(hf_trainer() & runtime_is(lambda r: r.trainer_torch_adamw) & ~on_cpu()).then(
+    # foreach where the workload's optimizer says so (core.frameworks Optimizer.foreach_step), else the runtime's
+    # default; never on a CPU.
+    named = optimizer_rule("foreach_step")
+    runtime_default = hf_trainer() & runtime_is(lambda r: r.trainer_torch_adamw)
+    foreach = pl.when(pl.when(named.is_null()).then(runtime_default).otherwise(named) & ~on_cpu()).then(
         c("d_moment_bytes")).otherwise(0.0)
     skip = c("p_offload") | c("d_step_in_grads")  # trl_memory, earlier in memory_descriptors, sets it on every row
     per_param = pl.max_horizontal(grad32 + flat16, grad32 + foreach)
@@ -332,7 +370,7 @@ def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
         z12, z3 = r.reduce_buckets_zero12_zero3
         n = (pl.when((c("d_runtime") == name) & c("p_zero").is_in([1, 2])).then(float(z12))
              .when((c("d_runtime") == name) & (c("p_zero") >= 3)).then(float(z3)).otherwise(n))
-    grad_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
+    grad_b = compute_bytes()
     h = c("m_hidden").cast(pl.Float64)
     buckets = n * DS_REDUCE_BUCKET_HIDDEN2 * h * h * grad_b
     return df.with_columns(
@@ -364,8 +402,7 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
     Expert weights shard over d/ep ranks, as on the GPU (state_bytes_per_param). Transients at start-up (the
     `.to()` before the clone, the checkpoint load) are left out: the steady state is what must fit."""
     gib = float(1 << 30)
-    fp32 = c("w_precision") == "fp32"
-    w16 = pl.when(fp32).then(4.0).otherwise(2.0)
+    w16 = compute_bytes()
     staging = runtime_is(lambda r: r.offload_16bit_host_buffer)
     accumulates = staging & (c("p_zero") < 3) & (c("p_grad_accum") > 1)
     weights = pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(w16)

@@ -52,7 +52,8 @@ from perfpredict.core.errors import require
 from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE, TRL_FRAMEWORKS
 from perfpredict.core.objectives import OBJECTIVE_TABLE
 from perfpredict.core.objectives import TRL_OBJECTIVES as CORE_TRL_OBJECTIVES
-from perfpredict.features.compute import no_sync_grad_bytes, on_cpu, runtime_from_zero, runtime_is
+from perfpredict.features.compute import compute_bytes, no_sync_grad_bytes, on_cpu, runtime_from_zero, runtime_is
+from perfpredict.features.memory import softcap_kept_bytes
 
 c = pl.col
 
@@ -196,7 +197,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     if not df.select(trl.any()).item():  # no TRL row (a GPU ranking): every column below passes through
         return df.with_columns(d_head_bwd_bytes=pl.lit(None, dtype=pl.Float64), d_step_in_grads=pl.lit(False))
     fp32 = c("w_precision") == "fp32"
-    ab = pl.when(fp32).then(4.0).otherwise(2.0)  # compute dtype bytes (autocast or the parameters' own)
+    ab = compute_bytes()  # autocast's or the parameters' own
     cpu = on_cpu()
     grad_seqs = _rule("grad_seqs", 2.0)
     s = c("w_seq_len").cast(pl.Float64)
@@ -214,7 +215,8 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     cast_copy = pl.when(fp32).then(0.0).otherwise(2.0)
     grads = (4.0 + cast_copy) * (n_tok + v) * h
     fused_bwd = grads + mm_buf + fold_bwd
-    full_bwd = grads + n_tok * v * (ab + FULL_EXTRA_BYTES + _rule("nll_share", 0.0) * ab)
+    # Soft-capped logits keep tanh's output for the backward (features.memory.softcap_kept_bytes).
+    full_bwd = grads + n_tok * v * (ab + FULL_EXTRA_BYTES + _rule("nll_share", 0.0) * ab + softcap_kept_bytes())
     head_bwd = pl.when(fused).then(fused_bwd).otherwise(full_bwd)
     # (a) the no-grad forwards: one layer's activations of the reference/KL batch and its head tiles.
     live = c("w_reference").is_in(["live"])
@@ -230,7 +232,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     act_first = stored + HF_FINAL_SBH * n_tok * h * ab + b_rows * s * s * ab
     head_bwd = pl.max_horizontal(head_bwd, recompute_layer)
     # Reference weights: the policy's dtype, sharded only where its preparation shards it.
-    w_b = pl.when(fp32 | (runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32"))).then(4.0).otherwise(2.0)
+    w_b = pl.when(runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32")).then(4.0).otherwise(compute_bytes())
     sharded = runtime_from_zero("reference_sharded_from_zero")
     ref_w = c("d_params_rank") * w_b / pl.when(sharded).then(c("p_dp").cast(pl.Float64)).otherwise(1.0)
     # FSDP gathers parameters in their own dtype (fp32 without mixed precision), not always 16-bit.
