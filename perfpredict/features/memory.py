@@ -295,16 +295,76 @@ def reference_model(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def gathered_param_dtype_bytes() -> pl.Expr:
+    """Bytes per element of the parameters ZeRO-3 / FSDP gather: the dtype they are trained in (FSDP's param_dtype
+    under mixed precision, fp32 without it; DeepSpeed's 16-bit partitions), 4 where plain torch trains parameters
+    loaded in fp32 (Runtime.params_as_loaded with master weights)."""
+    return pl.when(runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32")).then(4.0).otherwise(compute_bytes())
+
+
+def zero3_gathered_bytes(w_b: pl.Expr) -> pl.Expr:
+    """Unsharded parameters a ZeRO-3 / FULL_SHARD rank holds at the backward's peak (the head's backward), one rule
+    per engine, in bytes of w_b per element. The generic and the TRL memory rules both read it (fsdp_gathered,
+    features.trl.trl_memory).
+
+    - DeepSpeed ZeRO-3 (Runtime.zero3_reuse_distance). Over one rank it gathers nothing: a partition of world size 1
+      is the parameter itself (deepspeed 0.19.8 runtime/zero/partition_parameters.py:1559-1560
+      `_no_gather_coalesced`). Over more, once the step's trace is recorded, a submodule's parameters are released
+      after its forward unless a module within stage3_max_reuse_distance elements ahead in the trace uses them again
+      (partitioned_param_coordinator.py:653-662 `__params_to_release`: it walks the trace from the current step and
+      discards from the release set every parameter met before `params_traversed` reaches the distance). Ahead of a
+      module's forward lie the modules after it, then the backward back to it, so it is kept iff twice the
+      parameters after it stay under the distance: the head always (its backward comes next), the last k layers with
+      head + (k-1) layers < distance / 2, and everything (the input embedding included) where head + all layers
+      are. With the 1e9 our configs, HF's examples, ms-swift's zero3.json and DeepSpeed's own default set
+      (STAGE3_MAX_REUSE_DISTANCE), that is the head plus ~5e8 parameters' worth of layers, all of a smaller model.
+      The prefetch of the next submodules (stage3_prefetch_bucket_size "auto" = 0.9 hidden^2 elements,
+      :380-406, capped by stage3_max_live_parameters 1e9) adds one bucket.
+    - FSDP FULL_SHARD (FSDP1 and FSDP2) frees a unit's unsharded parameters after its forward, except the root's
+      (torch 2.13 distributed/fsdp/_runtime_utils.py:493-499 `free_unsharded_flat_param = not state._is_root and
+      ...`; FSDP2 _fully_shard/_fsdp_state.py:203-207 `post_forward_mesh_info = None` for the root), and in the
+      backward gathers the next unit ahead of the current (BACKWARD_PRE; limit_all_gathers allows two all-gathers in
+      flight, _limiter_utils.py:15): two blocks at once plus what stays gathered, which depends on the wrapping.
+      FSDP2 as accelerate 1.16 wraps it (utils/fsdp_utils.py:876-904: the input embedding its own unit, resharded
+      after its forward; [final norm, head] one unit with reshard_after_forward False; the tied embedding in that
+      tail) and as torchtitan does (embedding, blocks, [norm, output] with reshard_after_forward False) keep the head:
+      V x h. Counted: 2 blocks + V x h, the CPU trl+fsdp rows' measured peaks agree (5.8 % composition error; with
+      the untied embedding also kept, 7.7 %). Not modelled, for want of a plan field naming the FSDP version: FSDP1
+      under accelerate's TRANSFORMER_BASED_WRAP leaves embedding, norm and head in the root, so an untied model keeps
+      one more V x h (the Liger example rows ran FSDP1).
+    Megatron's and nanotron's ZeRO-3 take FSDP's rule."""
+    from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, STAGE3_MAX_REUSE_DISTANCE
+
+    t = _tp()
+    p_layer = c("m_layer_params").cast(pl.Float64) / t
+    vh = c("m_vocab").cast(pl.Float64) * c("m_hidden") / t
+    layers = c("m_layers").cast(pl.Float64)
+    half = STAGE3_MAX_REUSE_DISTANCE / 2.0
+    kept_layers = ((half - vh) / p_layer).ceil().clip(lower_bound=0.0, upper_bound=None)
+    kept_layers = pl.min_horizontal(kept_layers, layers)
+    ds = pl.when(vh + layers * p_layer < half).then(c("d_params_rank")).otherwise(vh + kept_layers * p_layer)
+    prefetch = DS_PREFETCH_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2
+    reuse = runtime_is(lambda r: r.zero3_reuse_distance)
+    elements = (pl.when(reuse & (c("p_dp") * c("p_cp") == 1)).then(0.0)
+                .when(reuse).then(pl.min_horizontal(ds + prefetch, c("d_params_rank")))
+                .otherwise(2.0 * p_layer + vh))
+    return elements * w_b
+
+
 def fsdp_gathered(df: pl.DataFrame) -> pl.DataFrame:
-    """Unsharded bf16 parameters alive at once: ZeRO-3/FSDP gather a layer (and prefetch the next); FSDP's
-    SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward. Under transformers'
-    Trainer with gradient accumulation, FSDP also keeps every block's unsharded gradient, in the compute dtype, from
-    the first micro-batch's backward to the last one's reduce-scatter (core.frameworks
-    Runtime.no_sync_keeps_unsharded_grads)."""
-    layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
-    emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") * 2.0 / _tp()
-    gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
-                .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
+    """Unsharded parameters alive at the backward's peak: ZeRO-3 / FULL_SHARD as zero3_gathered_bytes says per
+    engine; FSDP's SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward. Under
+    transformers' Trainer with gradient accumulation, FSDP also keeps every block's unsharded gradient, in the compute
+    dtype, from the first micro-batch's backward to the last one's reduce-scatter (core.frameworks
+    Runtime.no_sync_keeps_unsharded_grads).
+
+    Gathered here in 16 bits, as these rows always were (the mixed-precision param_dtype of the GPU configs); the
+    collect harness's CPU FSDP2 runs gather their fp32 parameters (no MixedPrecisionPolicy, collect/harness/
+    parallel.py:216-220, 249) but counting that makes their composed peaks worse (22.6 -> 22.8 %), so it waits for a
+    measured reason. TRL rows gather in the policy's dtype (features.trl, gathered_param_dtype_bytes)."""
+    w_b = pl.lit(2.0)
+    gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
+                .when(c("p_zero") >= 3).then(zero3_gathered_bytes(w_b)).otherwise(0.0))
     return df.with_columns(d_gathered_bytes=gathered + no_sync_grad_bytes())
 
 
