@@ -20,6 +20,16 @@ from perfpredict.features.compute import (
 
 c = pl.col
 
+# Bytes per full-vocabulary logit at the peak of transformers' logits path (the model's head in the compute dtype,
+# `logits.float()`, F.cross_entropy; transformers 4.44 LlamaForCausalLM shifts an fp32 `.contiguous()` copy first,
+# >= 4.46 ForCausalLMLoss pads the labels instead): the peak is the log-softmax's backward, where three fp32 [N, V]
+# tensors are alive, the output log_softmax saved for it, nll_loss's gradient (a zeros_like of it, scattered) and
+# the gradient it returns; the 16-bit logits and the fp32 copy are gone by then (nothing saves them). Replayed on
+# CPU under torch.profiler's allocation events (collect.harness.run_step.profiled_peak_bytes; tests/test_optim_softcap
+# .py): 11.98 B per logit on the 4.44 path, 12.00 on the >= 4.46 one, at N 512, V 32,000. The collect harness's
+# log_softmax + gather (collect/harness/objectives.py:110) has the same three. Earlier rows were composed with 10.
+HF_LOGIT_BYTES = 12.0
+
 
 def _tp():
     return c("p_tp").cast(pl.Float64)
@@ -215,10 +225,10 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     # Full recompute re-materialises one layer's activations during its backward.
     recompute_transient = pl.when(c("p_recompute") == "full").then(full_layer).otherwise(0.0)
     v = c("m_vocab").cast(pl.Float64)
-    # Output logits: bf16 logits, an fp32 copy and the fp32 log-softmax kept for backward (TRL/HF path);
-    # Megatron/nanotron's fused vocab-parallel cross entropy keeps the fp32 softmax only.
+    # Output logits: transformers' path (HF_LOGIT_BYTES, plus what soft-capping keeps); Megatron/nanotron's fused
+    # vocab-parallel cross entropy keeps the fp32 softmax only.
     hf = runtime_is(lambda r: not r.fused_vocab_ce)
-    logit_bpe = pl.when(hf).then(10.0 + softcap_kept_bytes()).otherwise(6.0)
+    logit_bpe = pl.when(hf).then(HF_LOGIT_BYTES + softcap_kept_bytes()).otherwise(6.0)
     logits = pl.when(c("p_fused_head")).then(fused_head_bytes(s * b, v / t, h)).otherwise(s * b * v / t * logit_bpe)
     # The second stage keeps one micro-batch fewer in flight under 1F1B; with an uneven split it may hold the most
     # layers (a middle stage), so it can be the peak rank.
@@ -366,6 +376,32 @@ def fsdp_gathered(df: pl.DataFrame) -> pl.DataFrame:
     gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
                 .when(c("p_zero") >= 3).then(zero3_gathered_bytes(w_b)).otherwise(0.0))
     return df.with_columns(d_gathered_bytes=gathered + no_sync_grad_bytes())
+
+
+def fresh_grads_rows() -> pl.Expr:
+    """Rows whose gradients do not exist when the backward starts: transformers' Trainer frees them after every
+    optimizer step (`optimizer.zero_grad()`, set_to_none by default in torch), so with one micro-batch per step each
+    is allocated during the backward as the activations it consumes are freed (Runtime.frees_grads_each_step: FSDP's
+    sharded gradients are written unit by unit by its post-backward hooks; DDP's .grad per parameter)."""
+    return hf_trainer() & (c("p_grad_accum") == 1) & (c("p_pp") == 1) & runtime_is(lambda r: r.frees_grads_each_step)
+
+
+def fresh_grad_bpp(transient: pl.Expr) -> pl.Expr:
+    """Gradient bytes per parameter to count at the backward's peak on fresh_grads_rows: the backward holds
+    max(gradients, activations + the head's transient) on top of weights and optimizer state, not both, so only
+    the gradients beyond that transient (`transient` bytes) count. The optimizer step still sees all of them
+    (d_grad_bpp_step)."""
+    return (c("d_grad_bpp") - transient / c("d_params_rank").clip(lower_bound=1.0)).clip(lower_bound=0.0)
+
+
+def fresh_grads(df: pl.DataFrame) -> pl.DataFrame:
+    """fresh_grad_bpp on the rows features.trl does not handle itself (it applies the same rule with its own head
+    transient)."""
+    from perfpredict.features.trl import is_trl
+
+    rows = fresh_grads_rows() & ~is_trl()
+    return df.with_columns(d_grad_bpp=pl.when(rows).then(fresh_grad_bpp(c("d_act_first") + c("d_logits_bytes")))
+                           .otherwise(c("d_grad_bpp")))
 
 
 def optimizer_step(df: pl.DataFrame) -> pl.DataFrame:
@@ -547,6 +583,6 @@ def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:
 
     for f in (plan_defaults, head_passes, stage_layout, expert_parallel, param_shard, state_bytes_per_param,
               activation_coefficients, activations, reference_model, fsdp_gathered, ddp_buckets, trl_memory,
-              optimizer_step, host_memory, peak_memory):
+              fresh_grads, optimizer_step, host_memory, peak_memory):
         df = f(df)
     return df

@@ -53,7 +53,13 @@ from perfpredict.core.frameworks import TRL_FRAMEWORKS
 from perfpredict.core.objectives import OBJECTIVE_TABLE
 from perfpredict.core.objectives import TRL_OBJECTIVES as CORE_TRL_OBJECTIVES
 from perfpredict.features.compute import compute_bytes, no_sync_grad_bytes, on_cpu, runtime_from_zero, runtime_is
-from perfpredict.features.memory import gathered_param_dtype_bytes, softcap_kept_bytes, zero3_gathered_bytes
+from perfpredict.features.memory import (
+    fresh_grad_bpp,
+    fresh_grads_rows,
+    gathered_param_dtype_bytes,
+    softcap_kept_bytes,
+    zero3_gathered_bytes,
+)
 
 c = pl.col
 
@@ -243,9 +249,9 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     # max(gradients, activations + the head's backward) on top of weights and optimizer state, not both. DeepSpeed
     # keeps its own gradient buffers (left as features.memory has them); with accumulation the gradients of the
     # earlier micro-batches are alive through the later ones.
-    fresh = trl & (c("p_grad_accum") == 1) & runtime_is(lambda r: r.frees_grads_each_step)
+    fresh = trl & fresh_grads_rows()
     params = c("d_params_rank").clip(lower_bound=1.0)
-    grad_eff = (c("d_grad_bpp") - (act_first + head_bwd) / params).clip(lower_bound=0.0)
+    grad_eff = fresh_grad_bpp(act_first + head_bwd)
     # DeepSpeed ZeRO 0-2 in fp32 (deepspeed 0.19.8; gradient bytes per parameter, d = data-parallel ranks). The
     # head's backward (the first op of the backward) runs before any gradient reaches a bucket; the step's transient
     # is the largest of three moments:
