@@ -451,6 +451,9 @@ class Optimizer:
     # The moments live in CUDA managed memory outside torch's caching allocator, which the driver pages to host memory
     # when the device fills: they neither count in torch.cuda.max_memory_allocated nor cause an OOM.
     paged: bool = False
+    # It can step on the host, as optimizer offload does (DeepSpeed's DeepSpeedCPUAdam, FSDP CPUOffload's torch step on
+    # the host parameters); bitsandbytes' update kernels take CUDA tensors only, so its plans never offload.
+    host_step: bool = True
 
     def __post_init__(self) -> None:
         if self.moment_bytes is not None and not 0.0 <= self.moment_bytes <= 8.0:
@@ -475,9 +478,10 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in [
     Optimizer("adamw_torch_fused", foreach_step=False),
     # transformers' `adamw_bnb_8bit` and `adamw_8bit` both build bnb.optim.AdamW with optim_bits 8
     # (transformers trainer.py get_optimizer_cls_and_kwargs); `paged_adamw_8bit` the paged variant.
-    Optimizer("adamw_bnb_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False),
-    Optimizer("adamw_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False),
-    Optimizer("paged_adamw_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False, paged=True),
+    Optimizer("adamw_bnb_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False, host_step=False),
+    Optimizer("adamw_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False, host_step=False),
+    Optimizer("paged_adamw_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False, paged=True,
+              host_step=False),
 ]}
 
 
