@@ -88,7 +88,7 @@ def _replay_peak_per_logit(softcap: float) -> float:
 
     from perfpredict.collect.harness.run_step import profiled_peak_bytes
 
-    n, v, h = 256, 16000, 32
+    n, v, h = 128, 4096, 16
     hidden = torch.randn(n, h, dtype=torch.bfloat16, requires_grad=True)
     weight = (torch.randn(v, h, dtype=torch.bfloat16) * 0.02).requires_grad_()
     labels = torch.randint(0, v, (1, n))
@@ -163,3 +163,24 @@ def test_fsdp_keeps_two_blocks_and_the_head():
     m = get_model("llama-3.1-8b")
     got = _one(m, FSDP)["d_gathered_bytes"]
     assert got == pytest.approx((2 * m.layer_params + m.vocab * m.hidden) * 2.0)
+
+
+def test_bnb_optimizer_plans_never_offload():
+    from perfpredict.features.plans import enumerate_plans
+
+    cluster = Cluster(get_gpu("h100-sxm-80gb"), 8, 1)
+    m = get_model("llama-3.1-8b")
+    default = list(enumerate_plans(m, cluster, Workload()))
+    w8 = list(enumerate_plans(m, cluster, Workload(optimizer="adamw_bnb_8bit")))
+    assert any(p.optimizer_offload for p in default)
+    assert w8 and not any(p.optimizer_offload for p in w8)
+    assert {p for p in default if not p.optimizer_offload} == set(w8)
+
+
+def test_rank_cli_takes_the_optimizer():
+    from typer.testing import CliRunner
+
+    from perfpredict.cli import app
+
+    bad = CliRunner().invoke(app, ["rank", "--model", "llama-3.1-8b", "--gpu", "h100-sxm-80gb", "--optimizer", "sgd"])
+    assert bad.exit_code != 0 and "unknown optimizer 'sgd'" in bad.output and "Traceback" not in bad.output
