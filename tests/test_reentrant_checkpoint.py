@@ -98,3 +98,13 @@ def test_source_gate_drops_a_domain_whose_correction_is_worse_on_a_source_left_o
     alone, _ = fit_corrections(a)
     assert alone.gated_ == [] and alone.domains_ == ["3d:a100-sxm-80gb:single-node"]
     assert np.allclose(t.weight(b), 0.0)
+
+
+def test_the_zero_family_gets_no_step_time_correction_on_gpus():
+    """Every time the ZeRO family's GPU correction reached another source's runs it was worse than the composition
+    (train.fit.GPU_UNCORRECTED_FAMILIES): gated on GPUs, kept on the CPU hosts, other families untouched."""
+    from perfpredict.train.fit import gpu_family_gated
+
+    domains = ["3d:a100-sxm-80gb:single-node", "zero:a100-sxm-80gb:single-node", "zero:h100-sxm-80gb:multi-node",
+               "zero:cpu:single-node", "zero:cpu-epyc-avx2:single-node"]
+    assert gpu_family_gated(domains) == ["zero:a100-sxm-80gb:single-node", "zero:h100-sxm-80gb:multi-node"]
