@@ -215,8 +215,8 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
                     oom_margins=calibrate_oom_margins(oom_rows(stacked), mem, m_iv),
                     # Which CPU hosts' TRL scales their TRL-op probes give, and why the others use the constants.
                     metadata={"variant": variant.name, "trl_probe_hosts": list(trl.measured_hosts_),
-                              # Step-time domains whose correction was worse than the composition on a source
-                              # left out (source_gate): the composition stands there.
+                              # Step-time domains whose correction is not applied (source_gate, gpu_family_gated):
+                              # the composition stands there.
                               "time_gated_domains": list(time.gated_),
                               "trl_probe_fallback": trl.probe_fallback_})
     return bundle, composed
