@@ -262,10 +262,11 @@ EAGER_ATTENTION = EagerAttentionTraffic()
 # (FULL_SHARD is in RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES); in the backward the recompute calls the block's
 # forward again, whose `_pre_forward_unshard` all-gathers it, `_post_forward` reshards it and registers the
 # pre-backward hooks, and `_pre_backward_hook` all-gathers it a third time (`_needs_pre_backward_unshard`) for the
-# block's backward. accelerate's `fsdp_activation_checkpointing` (what `--emit fsdp` writes) wraps the layer inside
-# the FSDP unit with the non-reentrant checkpoint_wrapper, whose recompute runs within the unshard of the block's
-# pre-backward: two gathers. DeepSpeed keeps the recompute's gather for the backward (stage3_max_reuse_distance,
-# Runtime.zero3_reuse_distance): two as well. FSDP2 is not claimed here (not read).
+# block's backward. The published runs that set it (the handbook's ORPO, torch 2.1-2.2) ran that FSDP1. accelerate's
+# `fsdp_activation_checkpointing` wraps the layer inside the FSDP unit with the non-reentrant checkpoint_wrapper, whose
+# recompute runs within the unshard of the block's pre-backward: two gathers; `--emit` writes that (and never sets
+# this field). DeepSpeed keeps the recompute's gather for the backward (stage3_max_reuse_distance,
+# Runtime.zero3_reuse_distance): two as well. FSDP2's fully_shard is not claimed here (not read).
 REENTRANT_REGATHER_FRAMEWORKS = ("fsdp", "trl+fsdp")
 _MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit="Megatron-LM arguments",
                        config="megatron-lm")
