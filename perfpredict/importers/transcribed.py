@@ -99,7 +99,9 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),
                 framework=r["framework"], fused_head=_bool(r, "fused_head"),
                 # `kernels` token eager_attention: transformers' eager attention ran (plan eager_attention)
-                eager_attention="eager_attention" in tokens)
+                eager_attention="eager_attention" in tokens,
+                # `kernels` token reentrant_checkpoint: transformers' gradient_checkpointing with use_reentrant true
+                reentrant_checkpoint="reentrant_checkpoint" in tokens)
     return model, cluster, workload, plan
 
 
