@@ -402,7 +402,19 @@ class Intervals:
 
     A key with too few applicable out-of-fold rows has no evidence of how good the correction is there: it takes
     the composition's spread of its key. Outside bounds are at least as wide as inside ones. A hardware no kernel
-    model saw a probe of is widened by the composition's residuals on held-out hardware of its device class."""
+    model saw a probe of is widened by the composition's residuals on held-out hardware of its device class.
+
+    Every fitted table is a declared attribute (empty until fit/from_dict): readers such as models.stall's
+    stall-free guard access them directly, so a rename fails loudly instead of silently turning the guard off."""
+
+    inside_: dict[str, tuple[float, float]]
+    domain_: dict[str, tuple[float, float]]
+    outside_keys_: dict[str, tuple[float, float]]
+    outside_domain_: dict[str, tuple[float, float]]
+    unseen_: dict[str, tuple[float, float]]
+
+    def __init__(self) -> None:
+        self.inside_, self.domain_, self.outside_keys_, self.outside_domain_, self.unseen_ = {}, {}, {}, {}, {}
 
     def fit(self, keys: list[str], oof_log_residuals: np.ndarray, baseline_log_residuals: np.ndarray,
             *, oof_weight: np.ndarray | None = None, coverage: float = 0.9) -> Intervals:
