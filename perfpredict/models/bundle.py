@@ -6,7 +6,8 @@ Saved as xgboost JSON files (each with its trees as numpy arrays beside it, mode
 matrices as .npy (no pickle), and metadata.json (feature lists, the fitted launch floor and TRL calibration, options,
 domains, bounds, schema version, data hash, library versions). Loading checks the metadata and refuses a mismatch.
 The pipeline-stall regime model (models.stall) is stall.json beside them: its logistic coefficients and checked
-metadata; a bundle without one predicts one regime."""
+metadata; a bundle without one predicts one regime. metadata.json names each file's kind (FILE_KINDS; bundle_files),
+so a reader never guesses a JSON file's format from its name: stall.json is JSON but no xgboost model."""
 
 from __future__ import annotations
 
@@ -37,6 +38,29 @@ from perfpredict.models.plan_model import (
 from perfpredict.models.stall import STALL_FILE, StallModel, load_stall, mixture_bounds, point_time, stall_free
 
 MODEL_SCHEMA_VERSION = 3
+
+# What a bundle's files hold (metadata.json "file_kinds": {file: kind}): xgboost JSON models (with their numpy trees
+# beside them, models.trees), the corrections' training matrices (.npy) and the stall model (models.stall).
+BOOSTER, DOMAIN_MATRIX, STALL = "xgboost", "domain matrix", "stall model"
+FILE_KINDS = (BOOSTER, DOMAIN_MATRIX, STALL)
+
+
+def _kind_of_key(key: str) -> str:
+    """A file's kind from its key in metadata "files": how Bundle.save names them, and how a bundle saved before
+    "file_kinds" existed is read."""
+    if key == "stall":
+        return STALL
+    return DOMAIN_MATRIX if key.endswith("_domain") else BOOSTER
+
+
+def bundle_files(path: Path | str, kind: str) -> list[Path]:
+    """The files of a saved bundle that hold `kind` (FILE_KINDS), as its metadata.json lists them."""
+    if kind not in FILE_KINDS:
+        raise ValueError(f"unknown bundle file kind {kind!r}; known: {', '.join(FILE_KINDS)}")
+    path = Path(path)
+    meta = json.loads((path / "metadata.json").read_text())
+    kinds = meta.get("file_kinds") or {name: _kind_of_key(key) for key, name in meta["files"].items()}
+    return [path / name for name, k in sorted(kinds.items()) if k == kind]
 
 
 def versions() -> dict[str, str]:
@@ -197,6 +221,7 @@ class Bundle:
         if self.stall is not None:
             self.stall.save(out / STALL_FILE)
             meta["files"]["stall"] = STALL_FILE
+        meta["file_kinds"] = {name: _kind_of_key(key) for key, name in meta["files"].items()}
         (out / "metadata.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
         return out
 
