@@ -21,6 +21,7 @@ from perfpredict.models.stall import (
     mixture_bounds,
     point_time,
     reference_ratios,
+    stall_features,
     stall_free,
 )
 
@@ -54,6 +55,19 @@ def _runs(n: int = 400, seed: int = 0) -> pl.DataFrame:
         "c_gpus": nodes * 8, "d_tokens_per_step": m * 4 * 4096, "w_seq_len": [4096] * n, "m_hidden": [4096] * n,
         "p_sp": [True] * n, "c_inter_bw_gb_per_s": [50.0] * n,
         "k_step_s": k, "step_time_s": y, "truth": stalled})
+
+
+def test_tensor_parallelism_inside_a_node_is_not_a_stall_feature():
+    """P(stall) reads the nodes a tp group spans, not the degree: tp 1-8 on 8-GPU nodes stay on NVLink (the 1B's
+    runs without a pipeline stall at 0-5 % with no trend there), so plans differing only in tp inside a node get the
+    same P(stall) and the expected step keeps their stall-free order."""
+    df = pl.concat([_runs(8, seed=1).with_columns(p_tp=pl.lit(tp), p_dp=pl.lit(64 // tp)) for tp in (1, 2, 8, 16, 32)])
+    tp_nodes = stall_features(df)[:, FEATURES.index("x_log2_tp_nodes")]
+    np.testing.assert_array_equal(tp_nodes, np.repeat([0.0, 0.0, 0.0, 1.0, 2.0], 8))
+    sm = StallModel().fit(_runs())
+    inside = [sm.proba(_runs(8, seed=2).with_columns(p_tp=pl.lit(tp), p_dp=pl.lit(64 // tp))) for tp in (1, 2, 8)]
+    np.testing.assert_array_equal(inside[0], inside[1])
+    np.testing.assert_array_equal(inside[0], inside[2])
 
 
 def test_labels_sit_in_the_bimodal_gap_and_the_model_learns_where_stalls_happen():

@@ -21,7 +21,7 @@ What is modelled:
   interval the mixture's 5th and 95th percentiles (mixture_bounds) instead of one spread covering both modes, and
   the expected time, stall-free x (1 - p) + stalled x p, is what `rank` orders by.
 
-Held out (the playbook's 8B, trained on its 1B) P(stall) stays under-calibrated: mean 0.29 against a 46 % stall
+Held out (the playbook's 8B, trained on its 1B) P(stall) stays under-calibrated: mean 0.28 against a 46 % stall
 rate, AUC 0.84. At every node count the 8B stalls more often than the 1B (4 nodes: 27 % against 3 %), and no
 feature of the 1B runs carries that shift (the work per GPU and the message sizes lower the 1B's rate as they grow),
 so the point stays stall-free unless a stall is very likely, where a low P(stall) costs the least."""
@@ -46,13 +46,16 @@ L2 = 1.0  # ridge on the standardised coefficients: ~600 runs per fit, two model
 Z95 = 1.6448536269514722
 
 # Features that transfer across model sizes (a user extrapolates to a larger model than the runs measured): the
-# cluster's nodes, the work per GPU, the share of the pipeline's stage boundaries that cross nodes and the tensor
-# parallel degree. Chosen on the training side, out of fold with one node count held out at a time (playbook 1B,
-# AUC): these four 0.866; with the pipeline's node span and depth, micro-batches, dp, micro-batch size, tp across
-# nodes, cross-node sends per step and one send's time on the link 0.862; the previous set (the same without the
-# last three, with the parameters) 0.859. The model's size itself is not one: trained on one size it has no spread
+# cluster's nodes, the work per GPU, the share of the pipeline's stage boundaries that cross nodes and the nodes a
+# tensor-parallel group spans. Chosen on the training side, out of fold with one node count held out at a time
+# (playbook 1B, AUC): these four 0.874; with the tp degree itself instead of its node span 0.866; with the pipeline's
+# node span and depth, micro-batches, dp, micro-batch size, tp across nodes, cross-node sends per step and one
+# send's time on the link 0.862; with the parameters 0.859. tp inside a node talks over NVLink: the 1B's runs
+# without a pipeline stall at 0-5 % for tp 1-8 (no trend), 16 % at tp 32 (4 nodes); with the degree itself, P(stall)
+# rose with tp inside a node, and the expected step ranked a 32-node tp2 plan (measured 0.29 s) above its tp4 twin
+# (0.17 s, the group's best) out of fold. The model's size itself is not one: trained on one size it has no spread
 # to learn from, and a coefficient for it would not transfer.
-FEATURES = ("x_log2_nodes", "x_log2_tokens_per_gpu", "x_pp_cross_share", "x_log2_tp")
+FEATURES = ("x_log2_nodes", "x_log2_tokens_per_gpu", "x_pp_cross_share", "x_log2_tp_nodes")
 
 
 def _feature_exprs() -> dict[str, pl.Expr]:
@@ -74,7 +77,8 @@ def _feature_exprs() -> dict[str, pl.Expr]:
         "x_log2_tokens_per_gpu": (c("d_tokens_per_step").cast(pl.Float64) / c("c_gpus").cast(pl.Float64)).log(2),
         # the share of the pipeline's stage boundaries that cross between nodes
         "x_pp_cross_share": pl.when(pp > 1).then((span - 1.0) / (pp - 1.0)).otherwise(0.0),
-        "x_log2_tp": c("p_tp").cast(pl.Float64).log(2),
+        # nodes a tensor-parallel group spans (0 inside a node: its collectives stay on NVLink)
+        "x_log2_tp_nodes": (c("p_tp").cast(pl.Float64) / gpn).clip(lower_bound=1.0).log(2),
     }
 
 
