@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from perfpredict.models.bundle import BOOSTER, bundle_files, default_path
-from perfpredict.models.generate.model import BOOSTER_FILE, MODEL_DIR
 from perfpredict.models.gb import GBRegressor, xgboost_module, xgboost_version
+from perfpredict.models.generate.model import BOOSTER_FILE, MODEL_DIR
 from perfpredict.models.trees import TreeEnsemble, export_folder, trees_path
 
 # The shipped xgboost models, as the bundles' metadata name them (the plan bundle's file_kinds: its stall.json is
