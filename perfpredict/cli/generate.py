@@ -345,7 +345,8 @@ def silicon_report(res: dict) -> list:
                        f"{pct(u['dense']['ttft_mape'])} dense, {pct(u['moe']['ttft_mape'])} MoE")
     used = res["correction_used"]
     for q, what in (("tpot", "TPOT / throughput (a scale per backend x dense/MoE)"),
-                    ("ttft", "TTFT (grouped returns + opening burst + a fixed front-end time, pooled over backends)")):
+                    ("ttft", "TTFT (grouped returns + opening burst + a fixed front-end time + a host time per "
+                             "running stream, pooled over backends)")):
         out.append(f"learned correction of {what}: " + ("used: it lowers the held-out error on every split"
                                                          if used[q] else "not used: it does not lower the held-out "
                                                                          "error on every split"))

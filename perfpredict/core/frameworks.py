@@ -253,6 +253,21 @@ class EagerAttentionTraffic:
 
 
 EAGER_ATTENTION = EagerAttentionTraffic()
+# Frameworks whose ZeRO-3 gathers every wrapped block once more for the recompute when recompute runs as
+# transformers' gradient_checkpointing with use_reentrant true (plan reentrant_checkpoint; transformers' default when
+# gradient_checkpointing_kwargs is not given), i.e. torch.utils.checkpoint's reentrant function called on the
+# FSDP-wrapped decoder layer from outside it. FSDP1 (torch/distributed/fsdp/_runtime_utils.py @00ae0bc, the FSDP of
+# torch 2.1-2.2): the checkpointed first forward runs under no_grad, so `_register_pre_backward_hooks` registers
+# nothing ("if not torch.is_grad_enabled(): return outputs") and `_post_forward_reshard` frees the block
+# (FULL_SHARD is in RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES); in the backward the recompute calls the block's
+# forward again, whose `_pre_forward_unshard` all-gathers it, `_post_forward` reshards it and registers the
+# pre-backward hooks, and `_pre_backward_hook` all-gathers it a third time (`_needs_pre_backward_unshard`) for the
+# block's backward. The published runs that set it (the handbook's ORPO, torch 2.1-2.2) ran that FSDP1. accelerate's
+# `fsdp_activation_checkpointing` wraps the layer inside the FSDP unit with the non-reentrant checkpoint_wrapper, whose
+# recompute runs within the unshard of the block's pre-backward: two gathers; `--emit` writes that (and never sets
+# this field). DeepSpeed keeps the recompute's gather for the backward (stage3_max_reuse_distance,
+# Runtime.zero3_reuse_distance): two as well. FSDP2's fully_shard is not claimed here (not read).
+REENTRANT_REGATHER_FRAMEWORKS = ("fsdp", "trl+fsdp")
 _MEGATRON_LM = Trainer("Megatron-LM pretrain_gpt.py", ("pretrain", "sft"), emit="Megatron-LM arguments",
                        config="megatron-lm")
 # NeMo-Aligner's Megatron DPO trainer: preference_loss dpo / ipo / rpo_*, distributed_fused_adam (ZeRO-1-like), the

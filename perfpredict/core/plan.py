@@ -13,7 +13,8 @@ FRAMEWORKS = RANKABLE  # what the predictor models; the capability table (core.f
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 # Fields added after datasets were collected: left out of to_dict() at their defaults so a plan's dict (and the
 # run_ids hashed from it) stays what it was.
-_NEW_FIELDS = {"ep": 1, "param_offload": False, "stage_layers": (), "fused_head": False, "eager_attention": False}
+_NEW_FIELDS = {"ep": 1, "param_offload": False, "stage_layers": (), "fused_head": False, "eager_attention": False,
+               "reentrant_checkpoint": False}
 MAX_DEGREE = 1 << 20  # no parallel degree, batch or accumulation count beyond this (a million GPUs)
 
 
@@ -42,6 +43,11 @@ class Plan:
     # in the transformers that ran it): the [b, heads, s, s] scores are materialised, the softmax upcast to fp32
     # (core.frameworks EAGER_ATTENTION). False: a fused (flash / SDPA) kernel, what the ranking assumes.
     eager_attention: bool = False
+    # Recompute runs as transformers' gradient_checkpointing with use_reentrant true (its default when no
+    # gradient_checkpointing_kwargs are given) rather than accelerate's fsdp_activation_checkpointing: FSDP1 then
+    # gathers each block once more for the recompute (core.frameworks REENTRANT_REGATHER_FRAMEWORKS). False: what
+    # `--emit` writes and the ranking assumes.
+    reentrant_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         if not self._plainly_valid():
@@ -65,7 +71,7 @@ class Plan:
         return (type(self.zero) is int and self.zero in (0, 1, 2, 3)
                 and type(self.sequence_parallel) is bool and type(self.optimizer_offload) is bool
                 and type(self.param_offload) is bool and type(self.fused_head) is bool
-                and type(self.eager_attention) is bool
+                and type(self.eager_attention) is bool and type(self.reentrant_checkpoint) is bool
                 and self.recompute in RECOMPUTE and type(self.recompute) is str
                 and self.schedule in SCHEDULES and type(self.schedule) is str
                 and type(self.framework) is str and self.framework in FRAMEWORKS
@@ -81,7 +87,8 @@ class Plan:
                     f"plan {f} must be an integer in 1..{MAX_DEGREE}, got {v!r}")
         require(isinstance(self.zero, int) and not isinstance(self.zero, bool) and self.zero in (0, 1, 2, 3),
                 f"plan zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        for f in ("sequence_parallel", "optimizer_offload", "param_offload", "fused_head", "eager_attention"):
+        for f in ("sequence_parallel", "optimizer_offload", "param_offload", "fused_head", "eager_attention",
+                  "reentrant_checkpoint"):
             require(isinstance(getattr(self, f), bool), f"plan {f} must be true or false, got {getattr(self, f)!r}")
         for f, accepted in (("recompute", RECOMPUTE), ("schedule", SCHEDULES)):
             v = getattr(self, f)
@@ -125,6 +132,8 @@ class Plan:
             parts.append("fused-head")
         if self.eager_attention:
             parts.append("eager-attention")
+        if self.reentrant_checkpoint:
+            parts.append("reentrant-checkpoint")
         return f"{self.framework}:" + " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -287,12 +287,12 @@ PLAN_COLUMNS = {"tp": "p_tp", "pp": "p_pp", "dp": "p_dp", "cp": "p_cp", "sequenc
                 "optimizer_offload": "p_offload", "framework": "p_framework", "schedule": "p_schedule",
                 "virtual_stages": "p_vstages", "ep": "p_ep", "param_offload": "p_param_offload",
                 "stage_layers": "p_stage_layers", "fused_head": "p_fused_head",
-                "eager_attention": "p_eager_attention"}
+                "eager_attention": "p_eager_attention", "reentrant_checkpoint": "p_reentrant_checkpoint"}
 # Plan columns added after the datasets were written (expert parallelism, parameter offload, uneven stages, a fused
 # head). Dataset rows (flat_row) carry them only when a plan uses them, so committed datasets keep their schema; the
 # features stage fills these defaults where a frame lacks them (features.memory.plan_defaults).
 PLAN_COLUMN_DEFAULTS = {"p_ep": 1, "p_param_offload": False, "p_stage_layers": "", "p_fused_head": False,
-                        "p_eager_attention": False}
+                        "p_eager_attention": False, "p_reentrant_checkpoint": False}
 
 
 def plan_columns(p: Plan, *, all_columns: bool = True) -> dict[str, Any]:

@@ -310,7 +310,8 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
                                         if tr:
                                             rej.add(tr.tally)
                                             continue
-                                        # fused_head, eager_attention: the ranking does not choose kernels (the
-                                        # default head, a fused attention kernel)
+                                        # fused_head, eager_attention, reentrant_checkpoint: the ranking does
+                                        # not choose kernels (the default head, a fused attention kernel, the
+                                        # recompute --emit writes)
                                         yield (tp, pp, dp, cp, sp, zero, rc, mb, ga, off, cap.name, schedule, v,
-                                               ep, poff, stages, False, False)
+                                               ep, poff, stages, False, False, False)

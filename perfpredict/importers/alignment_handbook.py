@@ -67,7 +67,10 @@ code copied); imported by `perfpredict.importers.alignment_handbook` into `runs.
   forward prefetch, `mixed_precision: bf16`) on 4 nodes of 8 H100 ("trained ... for 1.3 hours on 4 nodes of 8 x H100s",
   the model card; 4,772 s = 1.33 h): framework `fsdp`, zero 3, dp 32 across 4 nodes. TRL's ORPOTrainer (no reference
   model), `per_device_train_batch_size: 1`, `gradient_accumulation_steps: 1` (32 pairs per step),
-  `gradient_checkpointing: true`, flash attention 2, `max_length: 2048`, `optim: adamw_bnb_8bit`, `save_strategy: "no"`
+  `gradient_checkpointing: true` with `gradient_checkpointing_kwargs: {use_reentrant: true}` (transformers' reentrant
+  checkpoint outside each FSDP unit, not accelerate's `fsdp_activation_checkpointing`: FSDP1 gathers every block a
+  third time for the recompute; `kernels` token `reentrant_checkpoint`, plan field `reentrant_checkpoint`, core.frameworks
+  REENTRANT_REGATHER_FRAMEWORKS), flash attention 2, `max_length: 2048`, `optim: adamw_bnb_8bit`, `save_strategy: "no"`
   and no evaluation (the figure is the training loop alone); three epochs of 6,932 pairs = 3 x ceil(6932 / 32) = 651
   steps (`train_steps_per_second` 0.136 allows 647-651). Model mistral-community/Mixtral-8x22B-v0.1: catalog
   `mixtral-8x22b` (added with this source: 140.6B parameters, 39.2B active). The 8-bit AdamW states are not in the

@@ -94,7 +94,9 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),
                 framework=r["framework"], fused_head=_bool(r, "fused_head"),
                 # `kernels` token eager_attention: transformers' eager attention ran (plan eager_attention)
-                eager_attention="eager_attention" in (r["kernels"] or "").split("+"))
+                eager_attention="eager_attention" in (r["kernels"] or "").split("+"),
+                # `kernels` token reentrant_checkpoint: transformers' gradient_checkpointing with use_reentrant true
+                reentrant_checkpoint="reentrant_checkpoint" in (r["kernels"] or "").split("+"))
     return model, cluster, workload, plan
 
 

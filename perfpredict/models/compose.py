@@ -17,6 +17,7 @@ from perfpredict.core.frameworks import (
     DS_REDUCE_BUCKET_HIDDEN2,
     EAGER_ATTENTION,
     HF_EAGER_LAYER,
+    REENTRANT_REGATHER_FRAMEWORKS,
     RUNTIMES,
 )
 from perfpredict.features.compute import forward_passes, hf_trainer, on_cpu, runtime_is, selective_share
@@ -98,6 +99,14 @@ def _zero3_chunks() -> pl.Expr:
         pl.min_horizontal(per_bucket, _matrices_per_layer()).round(0)).otherwise(1.0)
 
 
+def _regathers() -> pl.Expr:
+    """1 where each ZeRO-3 block is gathered once more per micro-batch for its recompute (plan reentrant_checkpoint
+    under full recompute on an FSDP1 framework: core.frameworks REENTRANT_REGATHER_FRAMEWORKS), else 0."""
+    on = (c("p_reentrant_checkpoint").fill_null(False) & (c("p_recompute") == "full") & (c("p_zero") >= 3)
+          & c("p_framework").is_in(list(REENTRANT_REGATHER_FRAMEWORKS)))
+    return on.cast(pl.Float64)
+
+
 def _hf_eager_units() -> tuple[pl.Expr, pl.Expr]:
     """16-bit element moves per token and forward of transformers' eager layer beyond the fused kernels timed here
     (core.frameworks HF_EAGER_LAYER), in units of the hidden size and of the MLP width: on GPU rows of frameworks
@@ -137,7 +146,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         sel_elem=sel * selective_share("elementwise_fwd"),
         attn_fwd_extra=forward_passes() - 1.0 + sel * selective_share("attention_fwd"), ref=ref,
         rc_full=full, rc_attn=sel * selective_share("attention_fwd"),
-        z3_chunks=_zero3_chunks(),
+        z3_chunks=_zero3_chunks(), regather=_regathers(),
         eager_h=eager_h, eager_f=eager_f,
         # transformers' eager attention (plan eager_attention): its materialised scores, wherever the plan runs it.
         eager_attn=c("p_eager_attention").fill_null(False).cast(pl.Float64),
@@ -294,12 +303,14 @@ def _comm(b: pl.DataFrame) -> list[pl.DataFrame]:
         b.filter((c("dp") > 1) & c("zero").is_in([1, 2])).select(
             "row", "hardware", op=pl.lit("all_gather"), bytes=_i(c("params") * 2.0), world_size=c("dp"),
             ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"), count=pl.lit(1.0), part=pl.lit("dpgather"), **kw),
-        # ZeRO-3 / FSDP parameter gathers: per layer and pass (forward, backward, the live reference's forward), in
+        # ZeRO-3 / FSDP parameter gathers: per layer and pass (forward, backward, the live reference's forward, an
+        # FSDP1 block's recompute under reentrant checkpointing: _regathers), in
         # the engine's messages (z3_chunks per layer: FSDP one per wrapped block, DeepSpeed one per prefetch bucket).
         b.filter((c("dp") > 1) & (c("zero") >= 3)).select(
             "row", "hardware", op=pl.lit("all_gather"), bytes=_i(c("layer_params") * 2.0 / c("t") / c("z3_chunks")),
             world_size=c("dp"), ranks_per_node=c("dp_rpn"), link_gb_per_s=c("dp_link"),
-            count=c("Lps") * c("mbs") * (2.0 + c("ref")) * c("z3_chunks"), part=pl.lit("zero3"), **kw),
+            count=c("Lps") * c("mbs") * (2.0 + c("ref") + c("regather")) * c("z3_chunks"), part=pl.lit("zero3"),
+            **kw),
     ]
     return out
 
@@ -565,8 +576,10 @@ def _assemble(out: pl.DataFrame, floors: dict[str, float], cal: dict[str, float]
     # reduce buckets in flight before the host waits (:1305-1308). The forward's gathers (policy and live
     # reference) hide behind the forward only.
     ref = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
-    g_f = c("k_zero3_raw_s") * (1.0 + ref) / (2.0 + ref)
-    g_b = c("k_zero3_raw_s") / (2.0 + ref)
+    # A recompute's own gather (_regathers) runs in the backward, beside the backward's.
+    rg = _regathers()
+    g_f = c("k_zero3_raw_s") * (1.0 + ref) / (2.0 + ref + rg)
+    g_b = c("k_zero3_raw_s") * (1.0 + rg) / (2.0 + ref + rg)
     rs = c("k_dp_raw_s")
     shared = overlap & (c("p_zero") >= 3) & (c("k_zero3_raw_s") > 0)
     exp_f = _exposed(g_f, c("k_compute_raw_s") - c("k_bwd_s"), tail)
