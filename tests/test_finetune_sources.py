@@ -307,7 +307,8 @@ def test_fused_head_bytes_follow_liger_chunking():
 
 
 def test_composition_drops_the_logits_under_a_fused_head():
-    """The same run with and without fused_head: only the head term changes (23.2 -> 1.6 GiB for the 16K row)."""
+    """The same run with and without fused_head: only the head term changes (27.8 -> 1.6 GiB for the 16K row:
+    transformers' logits path holds HF_LOGIT_BYTES = 12 B per logit at its peak)."""
     from perfpredict.features.descriptors import describe
     from perfpredict.models.bundle import default_bundle
 
@@ -317,11 +318,13 @@ def test_composition_drops_the_logits_under_a_fused_head():
     comp = default_bundle().compose(describe(pl.concat([runs, runs.with_columns(p_fused_head=pl.lit(False))])))
     fused, plain = comp.row(0, named=True), comp.row(1, named=True)
     assert fused["d_peak_logits_gib"] == pytest.approx(1.56, abs=0.01)
-    assert plain["d_peak_logits_gib"] == pytest.approx(23.2, abs=0.05)
-    assert plain["d_mem_gib"] - fused["d_mem_gib"] == pytest.approx(23.2 - 1.56, abs=0.05)
+    logits = 16384 * 152064 * 12 / 2**30
+    assert plain["d_peak_logits_gib"] == pytest.approx(logits, abs=0.05)
+    assert plain["d_mem_gib"] - fused["d_mem_gib"] == pytest.approx(logits - 1.56, abs=0.05)
     assert fused["d_peak_states_gib"] == plain["d_peak_states_gib"]
-    # measured 42 GiB (reserved): the composition moved from +42 % to -10 %, the rest is named in docs/finetune-memory.md
-    assert fused["d_mem_gib"] == pytest.approx(37.9, abs=0.1)
+    # measured 42 GiB (reserved): the composition moved from +42 % to -12 % (37.9 GiB, then 37.1 with DeepSpeed's
+    # reuse-distance rule for the gathered parameters); the rest is named in docs/finetune-memory.md
+    assert fused["d_mem_gib"] == pytest.approx(37.1, abs=0.1)
 
 
 def test_fused_head_is_refused_where_the_head_is_modelled_otherwise():

@@ -208,6 +208,28 @@ def test_fit_launch_floor_recovers_each_runtimes_host_model():
     assert fl["gpu:fsdp"] == pytest.approx(2e-5) and fl["gpu_hidden:fsdp"] == 0.0
 
 
+def test_pooled_launch_floor_on_the_grids_edge_keeps_the_prior():
+    """The pooled GPU floor is what a runtime with no steps of its own is charged. Steps slower than any launch cost
+    explains (composed with 4x the grid's largest floor) put the search's optimum on its last point: the pool keeps
+    compose.LAUNCH_FLOOR_S's prior instead of lending that slowness to other runtimes (held out by hardware, A100
+    took Megatron's steps with it and Megatron was charged nanotron's 120 us per kernel: docs/accuracy.md, vtrain
+    101.9 %). An optimum inside the grid is still fitted."""
+    from perfpredict.models import compose as C
+    from perfpredict.models.bundle import default_kernels
+    from perfpredict.models.calibration import LAUNCH_GRID_S, LaunchFloor
+
+    desc = describe(plans_frame(get_model("llama-3.2-1b"), Cluster(get_gpu("h100-sxm-80gb"), 8, 1),
+                                Workload(objective="dpo", seq_len=1024, global_batch=64),
+                                [Plan(tp=t, dp=8 // t, micro_batch=1, grad_accum=g) for t in (1, 2, 4, 8)
+                                 for g in (1, 4)]))
+    desc = pl.concat([desc] * 3)  # 24 steps: the pool is fitted, no runtime of its own (< MIN_RUNTIME_ROWS)
+    k = default_kernels()
+    slow = C._compose(desc, k, {"gpu": 4 * max(LAUNCH_GRID_S), "cpu": 1e-4})["k_step_s"].to_numpy()
+    assert LaunchFloor(k).fit(desc, slow).floors_["gpu"] == C.LAUNCH_FLOOR_S["gpu"]
+    inside = C._compose(desc, k, {"gpu": LAUNCH_GRID_S[-2], "cpu": 1e-4})["k_step_s"].to_numpy()
+    assert LaunchFloor(k).fit(desc, inside).floors_["gpu"] == LAUNCH_GRID_S[-2]
+
+
 def test_step_term_estimators_follow_the_sklearn_contract():
     """LaunchFloor and TrlCalibration: hyper-parameters only in __init__, clone() and set_params work, fit returns
     self with `_` attributes, predict is the composition with the fitted values; no kernels is one clear error."""
@@ -274,3 +296,15 @@ def test_memory_intervals_are_per_framework_family_and_device_never_pooled_over_
                                   "outside_keys": {"cpu": [-0.1, 0.3], "trl:cpu": [-0.02, 0.02]}})
     lo, hi = legacy.bounds(["trl:cpu"], np.zeros(1))
     assert (lo[0], hi[0]) == pytest.approx((-0.02, 0.02))  # TRL keeps its own key, never the device's
+
+
+def test_held_out_scores_one_named_fold_and_refuses_an_unknown_one():
+    """evaluate.held_out(fold=...) runs one fold of a split (one held-out hardware takes minutes where the whole
+    evaluate takes half an hour); a fold the split does not have is one clear error naming the folds it has, before
+    anything is fitted."""
+    from perfpredict.core.errors import PerfPredictError
+    from perfpredict.train.evaluate import held_out
+
+    runs = pl.DataFrame({"g_name": ["a100-sxm-80gb", "h100-sxm-80gb", "a100-sxm-80gb"]})
+    with pytest.raises(PerfPredictError, match=r"no fold 'b200'; its folds: a100-sxm-80gb, h100-sxm-80gb"):
+        held_out(runs, pl.DataFrame(), split="hardware", fold="b200")

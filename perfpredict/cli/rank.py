@@ -80,6 +80,9 @@ def rank_cmd(
     global_batch: GlobalBatchOpt = 64,
     reference: Annotated[str, typer.Option(help="live | precomputed | offloaded | none (default by objective)")] = "",
     precision: PrecisionOpt = "bf16",
+    optimizer: Annotated[str, typer.Option(help="the optimizer as transformers' `optim` names it: adamw_torch, "
+                                                "adamw_torch_fused, adamw_bnb_8bit, paged_adamw_8bit ... (default: "
+                                                "each framework's own)")] = "",
     framework: FrameworkOpt = None,
     target_pairs_per_s: Annotated[float, typer.Option(help="throughput target (pairs/s, or samples/s)")] = 0.0,
     top: TopOpt = 10,
@@ -112,7 +115,8 @@ def rank_cmd(
                       intra_node_bw=intra_node_bw, inter_node_bw=inter_node_bw, objective=objective,
                       dataset_size=pairs, epochs=epochs, seq_len=seq_len, global_batch=global_batch,
                       reference=reference, precision=precision, frameworks=framework,
-                      target_samples_per_s=target_pairs_per_s, predictor=predictor, host_ram_gib=host_ram_gib)
+                      target_samples_per_s=target_pairs_per_s, predictor=predictor, host_ram_gib=host_ram_gib,
+                      optimizer=optimizer)
     r = rep.ranking
     unit = "pairs" if r.workload.is_preference else "samples"
     fit = r.fitting

@@ -446,6 +446,60 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
 ]}
 
 
+@dataclass(frozen=True)
+class Optimizer:
+    """An optimizer implementation a workload names (Workload.optimizer, transformers' `TrainingArguments.optim`
+    values): what it keeps per parameter of the shard it steps and what its step allocates. The memory rules
+    (features.memory.state_bytes_per_param, .optimizer_step) read this table, never the names.
+
+    "" is the runtime's own, what every plan was predicted with before this field: torch AdamW with foreach under
+    transformers' Trainer on a GPU (Runtime.trainer_torch_adamw), DeepSpeed's own AdamW in the configs we emit,
+    Megatron's / nanotron's distributed Adam; moments in fp32 (bf16 for a bf16-loaded model on plain torch)."""
+
+    name: str
+    # Bytes per parameter of each of Adam's two moments; None: the parameters' dtype rule above.
+    moment_bytes: float | None = None
+    # The step allocates foreach's `exp_avg_sq_sqrt`, one more second moment of the unit it steps (torch/optim/adam.py
+    # `_multi_tensor_adam`); None: the runtime's default (Runtime.trainer_torch_adamw). On GPUs only: torch never
+    # picks foreach for CPU tensors (torch/optim/optimizer.py `_default_to_fused_or_foreach`).
+    foreach_step: bool | None = None
+    # The moments live in CUDA managed memory outside torch's caching allocator, which the driver pages to host memory
+    # when the device fills: they neither count in torch.cuda.max_memory_allocated nor cause an OOM.
+    paged: bool = False
+    # It can step on the host, as optimizer offload does (DeepSpeed's DeepSpeedCPUAdam, FSDP CPUOffload's torch step on
+    # the host parameters); bitsandbytes' update kernels take CUDA tensors only, so its plans never offload.
+    host_step: bool = True
+
+    def __post_init__(self) -> None:
+        if self.moment_bytes is not None and not 0.0 <= self.moment_bytes <= 8.0:
+            raise PerfPredictError(f"optimizer {self.name!r}: moment_bytes must be in 0..8, got {self.moment_bytes!r}")
+
+
+# bitsandbytes' 8-bit blockwise Adam (bitsandbytes/optim/optimizer.py at 06029dd6, Optimizer2State.init_state): each
+# moment is a uint8 tensor of the parameter's shape (`get_state_buffer(p, dtype=torch.uint8)`, state1 and state2)
+# plus one fp32 absmax per block of 2048 elements (`blocks = n // 2048`, absmax1 and absmax2); the two 256-entry
+# quantile maps (qmap1 "dynamic", qmap2 "udynamic") are shared by every parameter (`self.name2qmap`): a few KB in all.
+# Tensors under min_8bit_size (4096 elements: norms, biases) keep fp32 moments, a negligible share of an LLM's.
+# The update is one kernel per parameter (F.optimizer_update_8bit_blockwise), in place: no step temporary.
+# Paged variants (`is_paged`) allocate the moments of every tensor of 1e5 elements or more with F.get_paged
+# (`get_state_buffer`: CUDA managed memory, outside torch's allocator).
+BNB_8BIT_BLOCK = 2048
+BNB_8BIT_MOMENT_BYTES = 1.0 + 4.0 / BNB_8BIT_BLOCK
+OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in [
+    Optimizer(""),
+    Optimizer("adamw_torch", foreach_step=True),
+    # torch AdamW(fused=True): one fused kernel per parameter group, no foreach temporaries (torch/optim/adam.py
+    # `_fused_adam`); transformers' default `optim` from 4.54 with torch >= 2.8 (huggingface/transformers#37358).
+    Optimizer("adamw_torch_fused", foreach_step=False),
+    # transformers' `adamw_bnb_8bit` and `adamw_8bit` both build bnb.optim.AdamW with optim_bits 8
+    # (transformers trainer.py get_optimizer_cls_and_kwargs); `paged_adamw_8bit` the paged variant.
+    Optimizer("adamw_bnb_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False, host_step=False),
+    Optimizer("adamw_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False, host_step=False),
+    Optimizer("paged_adamw_8bit", moment_bytes=BNB_8BIT_MOMENT_BYTES, foreach_step=False, paged=True,
+              host_step=False),
+]}
+
+
 def runtimes_where(rule) -> list[str]:
     """Names of the runtimes for which rule(Runtime) is true, in table order (for d_runtime.is_in(...))."""
     return [n for n, r in RUNTIMES.items() if rule(r)]

@@ -68,4 +68,6 @@ def _from_config(cfg: object, path: Path) -> ModelSpec:
         expert_ffn=expert_ffn,
         qkv_bias=bool(cfg.get("attention_bias", mtype in ("qwen2", "qwen2_moe"))),
         norms_per_layer=norms,
+        # Gemma 2's config.json (null where a model turns it off, absent on models without it)
+        final_logit_softcapping=float(cfg.get("final_logit_softcapping") or 0.0),
     )

@@ -32,6 +32,9 @@ class ModelSpec:
     qkv_bias: bool = False
     mlp_bias: bool = False
     norms_per_layer: int = 2
+    # Soft-capped output logits, cap * tanh(logits / cap) (Gemma 2: config.json `final_logit_softcapping`); 0 = none.
+    # transformers runs it on the full-vocabulary logits (features.memory.activations counts what autograd keeps).
+    final_logit_softcapping: float = 0.0
 
     def __post_init__(self) -> None:
         check_str("model name", self.name)
@@ -51,6 +54,9 @@ class ModelSpec:
                     f"model {self.name!r}: experts_per_token must be in 1..experts ({self.experts})")
             require(self.expert_ffn > 0, f"model {self.name!r}: expert_ffn must be positive for a MoE model")
         require(self.norms_per_layer >= 0, f"model {self.name!r}: norms_per_layer must be >= 0")
+        cap = self.final_logit_softcapping
+        require(isinstance(cap, (int, float)) and not isinstance(cap, bool) and 0.0 <= cap <= 1e6,
+                f"model {self.name!r}: final_logit_softcapping must be a number >= 0 (0 = none), got {cap!r}")
 
     @property
     def is_moe(self) -> bool:
@@ -118,7 +124,10 @@ class ModelSpec:
 
     # --- construction -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not d["final_logit_softcapping"]:  # a later field: left out at its default so older dicts stay as they were
+            del d["final_logit_softcapping"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, name: str | None = None) -> ModelSpec:

@@ -262,7 +262,8 @@ def model_columns(m: ModelSpec) -> dict[str, Any]:
             "m_tied": m.tied_embeddings, "m_gated": m.gated_mlp, "m_experts": m.experts,
             "m_experts_per_token": m.experts_per_token, "m_expert_ffn": m.expert_ffn,
             "m_params": float(m.param_count), "m_active_params": float(m.active_param_count),
-            "m_layer_params": float(m.layer_params), "m_matmul_params": float(m.matmul_params_per_token)}
+            "m_layer_params": float(m.layer_params), "m_matmul_params": float(m.matmul_params_per_token),
+            "m_logit_softcap": float(m.final_logit_softcapping)}
 
 
 def cluster_columns(c: Cluster) -> dict[str, Any]:
@@ -278,7 +279,7 @@ def workload_columns(w: Workload) -> dict[str, Any]:
     return {"w_objective": w.objective, "w_seq_len": w.seq_len, "w_global_batch": w.global_batch,
             "w_dataset_size": w.dataset_size, "w_epochs": float(w.epochs), "w_precision": w.precision,
             "w_master_fp32": w.master_weights_fp32, "w_reference": w.reference,
-            "w_seqs_per_sample": w.seqs_per_sample}
+            "w_seqs_per_sample": w.seqs_per_sample, "w_optimizer": w.optimizer}
 
 
 # Plan field -> flat column, one mapping for both directions.
@@ -293,6 +294,10 @@ PLAN_COLUMNS = {"tp": "p_tp", "pp": "p_pp", "dp": "p_dp", "cp": "p_cp", "sequenc
 # features stage fills these defaults where a frame lacks them (features.memory.plan_defaults).
 PLAN_COLUMN_DEFAULTS = {"p_ep": 1, "p_param_offload": False, "p_stage_layers": "", "p_fused_head": False,
                         "p_eager_attention": False, "p_reentrant_checkpoint": False}
+# The same for workload and model columns added later (Workload.optimizer; ModelSpec.final_logit_softcapping): the
+# features stage fills them where a frame lacks them (features.memory.plan_defaults); dataset rows carry them only
+# where they differ.
+LATER_COLUMN_DEFAULTS = {"w_optimizer": "", "m_logit_softcap": 0.0}
 
 
 def plan_columns(p: Plan, *, all_columns: bool = True) -> dict[str, Any]:
@@ -311,5 +316,7 @@ def plan_from_columns(row: dict[str, Any]) -> Plan:
 
 
 def flat_row(m: ModelSpec, c: Cluster, w: Workload, p: Plan) -> dict[str, Any]:
-    """A dataset row's scenario columns (the newer plan columns only where the plan uses them)."""
-    return {**model_columns(m), **cluster_columns(c), **workload_columns(w), **plan_columns(p, all_columns=False)}
+    """A dataset row's scenario columns (the newer plan, workload and model columns only where they differ from
+    their defaults, so committed datasets keep their schema)."""
+    out = {**model_columns(m), **cluster_columns(c), **workload_columns(w), **plan_columns(p, all_columns=False)}
+    return {k: v for k, v in out.items() if k not in LATER_COLUMN_DEFAULTS or v != LATER_COLUMN_DEFAULTS[k]}

@@ -29,6 +29,10 @@ class Workload:
     precision: str = "bf16"
     master_weights_fp32: bool = True
     reference: str = ""  # "" = the objective's default: live if it needs one, else none
+    # The optimizer implementation, as transformers' `optim` names it (core.frameworks OPTIMIZERS: adamw_torch,
+    # adamw_torch_fused, adamw_bnb_8bit, paged_adamw_8bit ...); "" = the framework's own, what predictions assumed
+    # before this field.
+    optimizer: str = ""
 
     def __post_init__(self) -> None:
         check_choice("objective", self.objective, OBJECTIVES)
@@ -46,6 +50,11 @@ class Workload:
         else:
             require(ref == "none", f"objective {self.objective} has no reference model; reference must be none, got {ref!r}")
         object.__setattr__(self, "reference", ref)
+        from perfpredict.core.frameworks import OPTIMIZERS
+
+        require(isinstance(self.optimizer, str) and self.optimizer in OPTIMIZERS,
+                f"unknown optimizer {self.optimizer!r}; accepted: {', '.join(n for n in OPTIMIZERS if n)} "
+                "(or leave it out for the framework's own)")
 
     @property
     def spec(self) -> Objective:
@@ -69,7 +78,10 @@ class Workload:
         return self.global_batch * self.seqs_per_sample * self.seq_len
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not d["optimizer"]:  # left out at its default, so a workload's dict (and run ids hashed from it) stays
+            del d["optimizer"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:

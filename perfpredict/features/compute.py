@@ -12,6 +12,17 @@ from perfpredict.core.frameworks import runtimes_where
 c = pl.col
 
 
+def compute_bytes() -> pl.Expr:
+    """Bytes of one element in the step's compute dtype (core.workload BYTES: 4 in fp32, 2 in bf16/fp16): what
+    activations, logits and the 16-bit gradients and parameters the engines hold or move take per element. The one
+    place this rule lives; a runtime that keeps something in fp32 whatever the compute dtype says so beside it
+    (`pl.when(<rule>).then(4.0).otherwise(compute_bytes())`)."""
+    from perfpredict.core.workload import BYTES
+
+    return c("w_precision").replace_strict({k: float(v) for k, v in BYTES.items()}, default=2.0,
+                                           return_dtype=pl.Float64)
+
+
 def runtime_is(rule) -> pl.Expr:
     """Rows whose runtime (d_runtime) has rule(core.frameworks.Runtime) true: the runtime table, not names."""
     return c("d_runtime").is_in(runtimes_where(rule))
@@ -64,8 +75,7 @@ def no_sync_grad_bytes() -> pl.Expr:
     (before sharding, d_params_rank) in reduce_dtype, the compute dtype under accelerate's policy (fp32 for fp32
     training, else 16-bit); 0 elsewhere. One term for the generic and the TRL memory rules (features.memory
     .fsdp_gathered, features.trl.trl_memory)."""
-    grad_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
-    return pl.when(no_sync_unsharded_grads()).then(c("d_params_rank") * grad_b).otherwise(0.0)
+    return pl.when(no_sync_unsharded_grads()).then(c("d_params_rank") * compute_bytes()).otherwise(0.0)
 
 
 def _swap_copies() -> pl.Expr:
@@ -132,7 +142,7 @@ def flops(df: pl.DataFrame) -> pl.DataFrame:
 def communication(df: pl.DataFrame) -> pl.DataFrame:
     """Bytes each rank moves per step, by group, as a ring moves them (all-reduce 2(n-1)/n of the buffer,
     all-gather and reduce-scatter (n-1)/n)."""
-    act_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
+    act_b = compute_bytes()
     s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
     b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
     sbh = s * b * c("m_hidden") * act_b
@@ -145,8 +155,8 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # volume); full recompute and the reference forward are forward passes too.
     tp_colls = 2.0 * forward_passes() + 2.0
     tp_bytes = m * layers * tp_colls * sbh * ring_ar_t
-    grad_b = pl.when(runtime_is(lambda r: r.grad_reduce_fp32) | (c("w_precision") == "fp32")
-                     | (runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32"))).then(4.0).otherwise(2.0)
+    grad_b = pl.when(runtime_is(lambda r: r.grad_reduce_fp32)
+                     | (runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32"))).then(4.0).otherwise(compute_bytes())
     ring_d = (d - 1.0) / d
     params = c("d_params_rank")
     # Gradient sync: all-reduce (zero 0) = reduce-scatter + all-gather of updated params (zero 1/2); DeepSpeed
@@ -180,7 +190,7 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # shard from the host for the forward and again for the backward (and the live reference's forward), in the
     # dtype the shard is kept in (FSDP's fp32 sharded parameters, DeepSpeed's 16-bit partitions).
     shard = params / pl.when(c("p_zero") >= 3).then(d).otherwise(1.0)
-    fetched = pl.when(runtime_is(lambda r: r.weights_fp32) | (c("w_precision") == "fp32")).then(4.0).otherwise(2.0)
+    fetched = pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(compute_bytes())
     param_fetch = pl.when(params_on_host()).then(
         shard * fetched * m * (2.0 + c("w_reference").is_in(["live"]).cast(pl.Float64))).otherwise(0.0)
     # Expert parallelism: every MoE layer dispatches its tokens' top-k copies to the experts' ranks and combines

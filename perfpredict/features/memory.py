@@ -9,6 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from perfpredict.features.compute import (
+    compute_bytes,
     hf_trainer,
     no_sync_grad_bytes,
     on_cpu,
@@ -19,25 +20,47 @@ from perfpredict.features.compute import (
 
 c = pl.col
 
+# Bytes per full-vocabulary logit at the peak of transformers' logits path (the model's head in the compute dtype,
+# `logits.float()`, F.cross_entropy; transformers 4.44 LlamaForCausalLM shifts an fp32 `.contiguous()` copy first,
+# >= 4.46 ForCausalLMLoss pads the labels instead): the peak is the log-softmax's backward, where three fp32 [N, V]
+# tensors are alive, the output log_softmax saved for it, nll_loss's gradient (a zeros_like of it, scattered) and
+# the gradient it returns; the 16-bit logits and the fp32 copy are gone by then (nothing saves them). Replayed on
+# CPU under torch.profiler's allocation events (collect.harness.run_step.profiled_peak_bytes; tests/test_optim_softcap
+# .py): 11.98 B per logit on the 4.44 path, 12.00 on the >= 4.46 one, at N 512, V 32,000. The collect harness's
+# log_softmax + gather (collect/harness/objectives.py:110) has the same three. Earlier rows were composed with 10.
+HF_LOGIT_BYTES = 12.0
+
 
 def _tp():
     return c("p_tp").cast(pl.Float64)
 
 
 def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
-    """Plan columns newer than some datasets (expert parallelism, parameter offload, uneven stages): added with the
-    value those rows ran with where a frame lacks them or holds nulls."""
+    """Plan, workload and model columns newer than some datasets (expert parallelism, parameter offload, uneven
+    stages, the optimizer, soft-capped logits): added with the value those rows ran with where a frame lacks them or
+    holds nulls."""
     from perfpredict.core.frameworks import RUNTIME
-    from perfpredict.core.scenario import PLAN_COLUMN_DEFAULTS
+    from perfpredict.core.scenario import LATER_COLUMN_DEFAULTS, PLAN_COLUMN_DEFAULTS
 
     dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean,
-              "p_eager_attention": pl.Boolean, "p_reentrant_checkpoint": pl.Boolean}
+              "p_eager_attention": pl.Boolean, "p_reentrant_checkpoint": pl.Boolean, "w_optimizer": pl.Utf8,
+              "m_logit_softcap": pl.Float64}
     df = df.with_columns([
         (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
-        for k, v in PLAN_COLUMN_DEFAULTS.items()])
+        for k, v in {**PLAN_COLUMN_DEFAULTS, **LATER_COLUMN_DEFAULTS}.items()])
     # The runtime whose memory/communication rules apply (core.frameworks RUNTIME: trl+deepspeed -> deepspeed ...).
     return df.with_columns(d_runtime=c("p_framework").replace_strict(RUNTIME, default=c("p_framework"),
                                                                      return_dtype=pl.Utf8))
+
+
+def optimizer_rule(field: str) -> pl.Expr:
+    """Per row, the workload optimizer's `field` in core.frameworks OPTIMIZERS; null where the table leaves it to the
+    runtime (None) or the workload names none."""
+    from perfpredict.core.frameworks import OPTIMIZERS
+
+    values = {n: getattr(o, field) for n, o in OPTIMIZERS.items() if getattr(o, field) is not None}
+    dtype = pl.Boolean if all(isinstance(v, bool) for v in values.values()) else pl.Float64
+    return c("w_optimizer").replace_strict(values, default=None, return_dtype=dtype)
 
 
 def stage_layout(df: pl.DataFrame) -> pl.DataFrame:
@@ -109,7 +132,12 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     no_master = runtime_is(lambda r: not r.separate_master)
     master = pl.when(ds_fp32_master).then(4.0).when(fp32 | no_master | ~c("w_master_fp32")).then(
         0.0).otherwise(4.0)
-    o = master + pl.when(ddp16).then(4.0).otherwise(8.0)
+    # Adam's two moments: the parameters' dtype rule above unless the workload names an optimizer that keeps them
+    # otherwise (core.frameworks OPTIMIZERS: bitsandbytes' 8-bit states, ~1 B each); paged states live outside the
+    # allocator (Optimizer.paged), so none of them count on the GPU.
+    moment = optimizer_rule("moment_bytes").fill_null(pl.when(ddp16).then(2.0).otherwise(4.0))
+    paged = optimizer_rule("paged").fill_null(False)
+    o = master + pl.when(paged).then(0.0).otherwise(2.0 * moment)
     z = c("p_zero")
     # Context-parallel ranks hold the same weights and join the gradient reduction: Megatron's distributed
     # optimizer shards over the data-parallel-with-context-parallel group, dp x cp.
@@ -135,7 +163,7 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
                            # what the optimizer step sees: every gradient of the shard (features.trl may lower
                            # d_grad_bpp where gradients and activations are not alive together) and the Adam
                            # moments' dtype (bf16 moments for a bf16-loaded model on plain torch)
-                           d_grad_bpp_step=g_gpu, d_moment_bytes=pl.when(ddp16).then(2.0).otherwise(4.0))
+                           d_grad_bpp_step=g_gpu, d_moment_bytes=moment)
 
 
 def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
@@ -172,7 +200,7 @@ def korthikanti_per_layer_bytes(s: float, b: float, h: float, a: float, t: int, 
 
 def activations(df: pl.DataFrame) -> pl.DataFrame:
     """Activation bytes of the first stage (most micro-batches in flight) per rank, and the logits on the last."""
-    act_bytes = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0) / 2.0  # coefficients assume 16-bit
+    act_bytes = compute_bytes() / 2.0  # coefficients assume 16-bit
     s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
     b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
     h = c("m_hidden").cast(pl.Float64)
@@ -198,10 +226,10 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     # Full recompute re-materialises one layer's activations during its backward.
     recompute_transient = pl.when(c("p_recompute") == "full").then(full_layer).otherwise(0.0)
     v = c("m_vocab").cast(pl.Float64)
-    # Output logits: bf16 logits, an fp32 copy and the fp32 log-softmax kept for backward (TRL/HF path);
-    # Megatron/nanotron's fused vocab-parallel cross entropy keeps the fp32 softmax only.
+    # Output logits: transformers' path (HF_LOGIT_BYTES, plus what soft-capping keeps); Megatron/nanotron's fused
+    # vocab-parallel cross entropy keeps the fp32 softmax only.
     hf = runtime_is(lambda r: not r.fused_vocab_ce)
-    logit_bpe = pl.when(hf).then(10.0).otherwise(6.0)
+    logit_bpe = pl.when(hf).then(HF_LOGIT_BYTES + softcap_kept_bytes()).otherwise(6.0)
     logits = pl.when(c("p_fused_head")).then(fused_head_bytes(s * b, v / t, h)).otherwise(s * b * v / t * logit_bpe)
     # The second stage keeps one micro-batch fewer in flight under 1F1B; with an uneven split it may hold the most
     # layers (a middle stage), so it can be the peak rank.
@@ -216,6 +244,23 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
         d_act_mid=per_layer * c("d_layers_max") * inflight_mid + recompute_transient,
         d_logits_bytes=logits,
     )
+
+
+def softcap_kept_bytes() -> pl.Expr:
+    """Bytes per full-vocabulary logit that soft-capped logits (ModelSpec.final_logit_softcapping, column
+    m_logit_softcap) keep beyond plain ones on transformers' logits path, 0 for a model without them.
+
+    transformers' Gemma2ForCausalLM.forward (models/gemma2/modeling_gemma2.py:519-523 in 5.24; the same three lines in
+    4.44, whose forward then upcasts with `logits.float()` as Llama's does): `logits / cap`, `torch.tanh(logits)`,
+    `logits * cap`, each a new [tokens, vocab] tensor in the head's dtype. Dividing and multiplying by a Python scalar
+    save nothing for the backward, so their inputs are freed as each result is rebound to `logits`; tanh saves its
+    output (its backward is grad * (1 - y^2)), which stays alive from the forward to the head's backward, through the
+    fp32 copy and log-softmax the plain path already holds (activations' 10 B per logit). At most two of the chain's
+    tensors exist at once while it runs (4 B), less than the loss's moment it precedes: the peak grows by that one
+    kept tensor, the compute dtype's bytes per logit. Not on fused heads (Liger's FLCE caps each chunk inside its
+    kernel; TRL's chunked head is left as it is) nor on Megatron/nanotron's vocab-parallel loss (no Gemma 2 support
+    there)."""
+    return pl.when(c("m_logit_softcap") > 0).then(compute_bytes()).otherwise(0.0)
 
 
 def liger_chunk_rows(bt: pl.Expr, v: pl.Expr, h: pl.Expr) -> pl.Expr:
@@ -261,17 +306,103 @@ def reference_model(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def gathered_param_dtype_bytes() -> pl.Expr:
+    """Bytes per element of the parameters ZeRO-3 / FSDP gather: the dtype they are trained in (FSDP's param_dtype
+    under mixed precision, fp32 without it; DeepSpeed's 16-bit partitions), 4 where plain torch trains parameters
+    loaded in fp32 (Runtime.params_as_loaded with master weights)."""
+    return pl.when(runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32")).then(4.0).otherwise(compute_bytes())
+
+
+def zero3_gathered_bytes(w_b: pl.Expr) -> pl.Expr:
+    """Unsharded parameters a ZeRO-3 / FULL_SHARD rank holds at the backward's peak (the head's backward), one rule
+    per engine, in bytes of w_b per element. The generic and the TRL memory rules both read it (fsdp_gathered,
+    features.trl.trl_memory).
+
+    - DeepSpeed ZeRO-3 (Runtime.zero3_reuse_distance). Over one rank it gathers nothing: a partition of world size 1
+      is the parameter itself (deepspeed 0.19.8 runtime/zero/partition_parameters.py:1559-1560
+      `_no_gather_coalesced`). Over more, once the step's trace is recorded, a submodule's parameters are released
+      after its forward unless a module within stage3_max_reuse_distance elements ahead in the trace uses them again
+      (partitioned_param_coordinator.py:653-662 `__params_to_release`: it walks the trace from the current step and
+      discards from the release set every parameter met before `params_traversed` reaches the distance). Ahead of a
+      module's forward lie the modules after it, then the backward back to it, so it is kept iff twice the
+      parameters after it stay under the distance: the head always (its backward comes next), the last k layers with
+      head + (k-1) layers < distance / 2, and everything (the input embedding included) where head + all layers
+      are. With the 1e9 our configs, HF's examples, ms-swift's zero3.json and DeepSpeed's own default set
+      (STAGE3_MAX_REUSE_DISTANCE), that is the head plus ~5e8 parameters' worth of layers, all of a smaller model.
+      The prefetch of the next submodules (stage3_prefetch_bucket_size "auto" = 0.9 hidden^2 elements,
+      :380-406, capped by stage3_max_live_parameters 1e9) adds one bucket.
+    - FSDP FULL_SHARD (FSDP1 and FSDP2) frees a unit's unsharded parameters after its forward, except the root's
+      (torch 2.13 distributed/fsdp/_runtime_utils.py:493-499 `free_unsharded_flat_param = not state._is_root and
+      ...`; FSDP2 _fully_shard/_fsdp_state.py:203-207 `post_forward_mesh_info = None` for the root), and in the
+      backward gathers the next unit ahead of the current (BACKWARD_PRE; limit_all_gathers allows two all-gathers in
+      flight, _limiter_utils.py:15): two blocks at once plus what stays gathered, which depends on the wrapping.
+      FSDP2 as accelerate 1.16 wraps it (utils/fsdp_utils.py:876-904: the input embedding its own unit, resharded
+      after its forward; [final norm, head] one unit with reshard_after_forward False; the tied embedding in that
+      tail) and as torchtitan does (embedding, blocks, [norm, output] with reshard_after_forward False) keep the head:
+      V x h. Counted: 2 blocks + V x h, the CPU trl+fsdp rows' measured peaks agree (5.8 % composition error; with
+      the untied embedding also kept, 7.7 %). Not modelled, for want of a plan field naming the FSDP version: FSDP1
+      under accelerate's TRANSFORMER_BASED_WRAP leaves embedding, norm and head in the root, so an untied model keeps
+      one more V x h (the Liger example rows ran FSDP1).
+    Megatron's and nanotron's ZeRO-3 take FSDP's rule."""
+    from perfpredict.core.frameworks import DS_PREFETCH_BUCKET_HIDDEN2, STAGE3_MAX_REUSE_DISTANCE
+
+    t = _tp()
+    p_layer = c("m_layer_params").cast(pl.Float64) / t
+    vh = c("m_vocab").cast(pl.Float64) * c("m_hidden") / t
+    layers = c("m_layers").cast(pl.Float64)
+    half = STAGE3_MAX_REUSE_DISTANCE / 2.0
+    kept_layers = ((half - vh) / p_layer).ceil().clip(lower_bound=0.0, upper_bound=None)
+    kept_layers = pl.min_horizontal(kept_layers, layers)
+    ds = pl.when(vh + layers * p_layer < half).then(c("d_params_rank")).otherwise(vh + kept_layers * p_layer)
+    prefetch = DS_PREFETCH_BUCKET_HIDDEN2 * c("m_hidden").cast(pl.Float64) ** 2
+    reuse = runtime_is(lambda r: r.zero3_reuse_distance)
+    elements = (pl.when(reuse & (c("p_dp") * c("p_cp") == 1)).then(0.0)
+                .when(reuse).then(pl.min_horizontal(ds + prefetch, c("d_params_rank")))
+                .otherwise(2.0 * p_layer + vh))
+    return elements * w_b
+
+
 def fsdp_gathered(df: pl.DataFrame) -> pl.DataFrame:
-    """Unsharded bf16 parameters alive at once: ZeRO-3/FSDP gather a layer (and prefetch the next); FSDP's
-    SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward. Under transformers'
-    Trainer with gradient accumulation, FSDP also keeps every block's unsharded gradient, in the compute dtype, from
-    the first micro-batch's backward to the last one's reduce-scatter (core.frameworks
-    Runtime.no_sync_keeps_unsharded_grads)."""
-    layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
-    emb = c("m_vocab").cast(pl.Float64) * c("m_hidden") * 2.0 / _tp()
-    gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * 2.0)
-                .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
+    """Unsharded parameters alive at the backward's peak: ZeRO-3 / FULL_SHARD as zero3_gathered_bytes says per
+    engine; FSDP's SHARD_GRAD_OP (zero 2 here) keeps the whole unsharded model from forward to backward. Under
+    transformers' Trainer with gradient accumulation, FSDP also keeps every block's unsharded gradient, in the compute
+    dtype, from the first micro-batch's backward to the last one's reduce-scatter (core.frameworks
+    Runtime.no_sync_keeps_unsharded_grads).
+
+    Gathered here in 16 bits, as these rows always were (the mixed-precision param_dtype of the GPU configs); the
+    collect harness's CPU FSDP2 runs gather their fp32 parameters (no MixedPrecisionPolicy, collect/harness/
+    parallel.py:216-220, 249) but counting that makes their composed peaks worse (22.6 -> 22.8 %), so it waits for a
+    measured reason. TRL rows gather in the policy's dtype (features.trl, gathered_param_dtype_bytes)."""
+    w_b = pl.lit(2.0)
+    gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
+                .when(c("p_zero") >= 3).then(zero3_gathered_bytes(w_b)).otherwise(0.0))
     return df.with_columns(d_gathered_bytes=gathered + no_sync_grad_bytes())
+
+
+def fresh_grads_rows() -> pl.Expr:
+    """Rows whose gradients do not exist when the backward starts: transformers' Trainer frees them after every
+    optimizer step (`optimizer.zero_grad()`, set_to_none by default in torch), so with one micro-batch per step each
+    is allocated during the backward as the activations it consumes are freed (Runtime.frees_grads_each_step: FSDP's
+    sharded gradients are written unit by unit by its post-backward hooks; DDP's .grad per parameter)."""
+    return hf_trainer() & (c("p_grad_accum") == 1) & (c("p_pp") == 1) & runtime_is(lambda r: r.frees_grads_each_step)
+
+
+def fresh_grad_bpp(transient: pl.Expr) -> pl.Expr:
+    """Gradient bytes per parameter to count at the backward's peak on fresh_grads_rows: the backward holds
+    max(gradients, activations + the head's transient) on top of weights and optimizer state, not both, so only
+    the gradients beyond that transient (`transient` bytes) count. The optimizer step still sees all of them
+    (d_grad_bpp_step)."""
+    return (c("d_grad_bpp") - transient / c("d_params_rank").clip(lower_bound=1.0)).clip(lower_bound=0.0)
+
+
+def fresh_grads(df: pl.DataFrame) -> pl.DataFrame:
+    """fresh_grad_bpp on the rows features.trl does not handle itself (it applies the same rule with its own head
+    transient)."""
+    from perfpredict.features.trl import is_trl
+
+    rows = fresh_grads_rows() & ~is_trl()
+    return df.with_columns(d_grad_bpp=pl.when(rows).then(fresh_grad_bpp(c("d_act_first") + c("d_logits_bytes")))
+                           .otherwise(c("d_grad_bpp")))
 
 
 def optimizer_step(df: pl.DataFrame) -> pl.DataFrame:
@@ -297,7 +428,11 @@ def optimizer_step(df: pl.DataFrame) -> pl.DataFrame:
     fp32 = c("w_precision") == "fp32"
     grad32 = pl.when(copies).then(4.0).otherwise(0.0)
     flat16 = pl.when(copies & ~fp32).then(2.0).otherwise(0.0)
-    foreach = pl.when(hf_trainer() & runtime_is(lambda r: r.trainer_torch_adamw) & ~on_cpu()).then(
+    # foreach where the workload's optimizer says so (core.frameworks Optimizer.foreach_step), else the runtime's
+    # default; never on a CPU.
+    named = optimizer_rule("foreach_step")
+    runtime_default = hf_trainer() & runtime_is(lambda r: r.trainer_torch_adamw)
+    foreach = pl.when(pl.when(named.is_null()).then(runtime_default).otherwise(named) & ~on_cpu()).then(
         c("d_moment_bytes")).otherwise(0.0)
     skip = c("p_offload") | c("d_step_in_grads")  # trl_memory, earlier in memory_descriptors, sets it on every row
     per_param = pl.max_horizontal(grad32 + flat16, grad32 + foreach)
@@ -332,7 +467,7 @@ def ddp_buckets(df: pl.DataFrame) -> pl.DataFrame:
         z12, z3 = r.reduce_buckets_zero12_zero3
         n = (pl.when((c("d_runtime") == name) & c("p_zero").is_in([1, 2])).then(float(z12))
              .when((c("d_runtime") == name) & (c("p_zero") >= 3)).then(float(z3)).otherwise(n))
-    grad_b = pl.when(c("w_precision") == "fp32").then(4.0).otherwise(2.0)
+    grad_b = compute_bytes()
     h = c("m_hidden").cast(pl.Float64)
     buckets = n * DS_REDUCE_BUCKET_HIDDEN2 * h * h * grad_b
     return df.with_columns(
@@ -364,8 +499,7 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
     Expert weights shard over d/ep ranks, as on the GPU (state_bytes_per_param). Transients at start-up (the
     `.to()` before the clone, the checkpoint load) are left out: the steady state is what must fit."""
     gib = float(1 << 30)
-    fp32 = c("w_precision") == "fp32"
-    w16 = pl.when(fp32).then(4.0).otherwise(2.0)
+    w16 = compute_bytes()
     staging = runtime_is(lambda r: r.offload_16bit_host_buffer)
     accumulates = staging & (c("p_zero") < 3) & (c("p_grad_accum") > 1)
     weights = pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(w16)
@@ -450,6 +584,6 @@ def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:
 
     for f in (plan_defaults, head_passes, stage_layout, expert_parallel, param_shard, state_bytes_per_param,
               activation_coefficients, activations, reference_model, fsdp_gathered, ddp_buckets, trl_memory,
-              optimizer_step, host_memory, peak_memory):
+              fresh_grads, optimizer_step, host_memory, peak_memory):
         df = f(df)
     return df

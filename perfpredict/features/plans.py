@@ -17,6 +17,7 @@ import polars as pl
 from perfpredict.core.errors import require
 from perfpredict.core.frameworks import (
     DEFAULT_RANKED,
+    OPTIMIZERS,
     Capability,
     capability,
     expand_backends,
@@ -271,7 +272,9 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
             # What depends on neither the micro-batch nor the schedule is asked once per layout and framework;
             # its rejections are still counted at every combination they stop, as before.
             rc_refusals = {rc: refusal(replace(base, recompute=rc)) for rc in space.recompute}
-            offload_by_zero = {zero: _offloads(base, zero, dp, space.offload) for zero in zeros}
+            # An optimizer whose kernels need the GPU (core.frameworks Optimizer.host_step) never steps offloaded.
+            offload_by_zero = {zero: _offloads(base, zero, dp, space.offload and OPTIMIZERS[workload.optimizer].host_step)
+                               for zero in zeros}
             for mb in space.micro_batches:
                 if per_replica % mb:
                     rej.add("micro-batch does not divide the per-replica batch")

@@ -49,10 +49,17 @@ from dataclasses import dataclass
 import polars as pl
 
 from perfpredict.core.errors import require
-from perfpredict.core.frameworks import STAGE3_MAX_REUSE_DISTANCE, TRL_FRAMEWORKS
+from perfpredict.core.frameworks import TRL_FRAMEWORKS
 from perfpredict.core.objectives import OBJECTIVE_TABLE
 from perfpredict.core.objectives import TRL_OBJECTIVES as CORE_TRL_OBJECTIVES
-from perfpredict.features.compute import no_sync_grad_bytes, on_cpu, runtime_from_zero, runtime_is
+from perfpredict.features.compute import compute_bytes, no_sync_grad_bytes, on_cpu, runtime_from_zero, runtime_is
+from perfpredict.features.memory import (
+    fresh_grad_bpp,
+    fresh_grads_rows,
+    gathered_param_dtype_bytes,
+    softcap_kept_bytes,
+    zero3_gathered_bytes,
+)
 
 c = pl.col
 
@@ -91,9 +98,6 @@ HF_REPLICATED_COEF = 12.0
 CPU_FOLD_POLICY_CE = 4.5
 CPU_FOLD_NOGRAD_CE = 1.0
 HF_FINAL_SBH = 3.0
-# Parameters DeepSpeed ZeRO-3 keeps gathered between a layer's forward and backward with the stage3_max_reuse_distance
-# our configs set (half of it: the distance counts the layers after it twice, forward and backward; see trl_memory).
-DS_REUSE_KEPT = STAGE3_MAX_REUSE_DISTANCE / 2
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     if not df.select(trl.any()).item():  # no TRL row (a GPU ranking): every column below passes through
         return df.with_columns(d_head_bwd_bytes=pl.lit(None, dtype=pl.Float64), d_step_in_grads=pl.lit(False))
     fp32 = c("w_precision") == "fp32"
-    ab = pl.when(fp32).then(4.0).otherwise(2.0)  # compute dtype bytes (autocast or the parameters' own)
+    ab = compute_bytes()  # autocast's or the parameters' own
     cpu = on_cpu()
     grad_seqs = _rule("grad_seqs", 2.0)
     s = c("w_seq_len").cast(pl.Float64)
@@ -214,7 +218,8 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     cast_copy = pl.when(fp32).then(0.0).otherwise(2.0)
     grads = (4.0 + cast_copy) * (n_tok + v) * h
     fused_bwd = grads + mm_buf + fold_bwd
-    full_bwd = grads + n_tok * v * (ab + FULL_EXTRA_BYTES + _rule("nll_share", 0.0) * ab)
+    # Soft-capped logits keep tanh's output for the backward (features.memory.softcap_kept_bytes).
+    full_bwd = grads + n_tok * v * (ab + FULL_EXTRA_BYTES + _rule("nll_share", 0.0) * ab + softcap_kept_bytes())
     head_bwd = pl.when(fused).then(fused_bwd).otherwise(full_bwd)
     # (a) the no-grad forwards: one layer's activations of the reference/KL batch and its head tiles.
     live = c("w_reference").is_in(["live"])
@@ -230,26 +235,13 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     act_first = stored + HF_FINAL_SBH * n_tok * h * ab + b_rows * s * s * ab
     head_bwd = pl.max_horizontal(head_bwd, recompute_layer)
     # Reference weights: the policy's dtype, sharded only where its preparation shards it.
-    w_b = pl.when(fp32 | (runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32"))).then(4.0).otherwise(2.0)
+    w_b = gathered_param_dtype_bytes()
     sharded = runtime_from_zero("reference_sharded_from_zero")
     ref_w = c("d_params_rank") * w_b / pl.when(sharded).then(c("p_dp").cast(pl.Float64)).otherwise(1.0)
-    # FSDP gathers parameters in their own dtype (fp32 without mixed precision), not always 16-bit.
-    layer = c("m_layer_params").cast(pl.Float64) * w_b
-    emb = v * h * w_b
-    # DeepSpeed ZeRO-3 over one rank gathers nothing: a partition of world size 1 is the parameter itself
-    # (deepspeed 0.19.8 runtime/zero/partition_parameters.py:1559-1560 `_no_gather_coalesced`).
-    # Over more ranks, with the stage3_max_reuse_distance of 1e9 the emitted config (and HF's examples) set, a gathered
-    # parameter is released only when no module within 1e9 elements ahead in the step's trace uses it again
-    # (partitioned_param_coordinator.py:653-662): a layer gathered in the forward is reused in the backward
-    # 2 (L - i) layers later, so the last ~5e8 parameters' worth of layers (all of a model below that) stay gathered
-    # from their forward to their backward, the peak being the head's backward.
-    reuse = runtime_is(lambda r: r.zero3_reuse_distance)
-    ds_alone = reuse & (c("p_dp") * c("p_cp") == 1)
-    ds_kept = reuse & (c("p_zero") >= 3)
+    # What ZeRO-3 / FSDP keep gathered: the one rule per engine of features.memory (the generic rows' too); FSDP
+    # gathers parameters in their own dtype (fp32 without mixed precision), not always 16-bit.
     gathered = (pl.when(runtime_is(lambda r: r.zero2_keeps_unsharded) & (c("p_zero") == 2)).then(c("d_params_rank") * w_b)
-                .when(ds_alone).then(0.0)
-                .when(ds_kept).then(pl.min_horizontal(c("d_params_rank"), pl.lit(DS_REUSE_KEPT)) * w_b)
-                .when(c("p_zero") >= 3).then(2.0 * layer + emb).otherwise(0.0))
+                .when(c("p_zero") >= 3).then(zero3_gathered_bytes(w_b)).otherwise(0.0))
     # FSDP's unsharded gradients kept over the Trainer's no_sync micro-batches (features.memory.fsdp_gathered).
     gathered = gathered + no_sync_grad_bytes()
     # Gradients: the HF Trainer frees them after every optimizer step (optimizer.zero_grad(), set_to_none), so with
@@ -257,9 +249,9 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     # max(gradients, activations + the head's backward) on top of weights and optimizer state, not both. DeepSpeed
     # keeps its own gradient buffers (left as features.memory has them); with accumulation the gradients of the
     # earlier micro-batches are alive through the later ones.
-    fresh = trl & (c("p_grad_accum") == 1) & runtime_is(lambda r: r.frees_grads_each_step)
+    fresh = trl & fresh_grads_rows()
     params = c("d_params_rank").clip(lower_bound=1.0)
-    grad_eff = (c("d_grad_bpp") - (act_first + head_bwd) / params).clip(lower_bound=0.0)
+    grad_eff = fresh_grad_bpp(act_first + head_bwd)
     # DeepSpeed ZeRO 0-2 in fp32 (deepspeed 0.19.8; gradient bytes per parameter, d = data-parallel ranks). The
     # head's backward (the first op of the backward) runs before any gradient reaches a bucket; the step's transient
     # is the largest of three moments:

@@ -73,8 +73,9 @@ code copied); imported by `perfpredict.importers.alignment_handbook` into `runs.
   REENTRANT_REGATHER_FRAMEWORKS), flash attention 2, `max_length: 2048`, `optim: adamw_bnb_8bit`, `save_strategy: "no"`
   and no evaluation (the figure is the training loop alone); three epochs of 6,932 pairs = 3 x ceil(6932 / 32) = 651
   steps (`train_steps_per_second` 0.136 allows 647-651). Model mistral-community/Mixtral-8x22B-v0.1: catalog
-  `mixtral-8x22b` (added with this source: 140.6B parameters, 39.2B active). The 8-bit AdamW states are not in the
-  plan schema (no memory label is published, so none is affected); the inter-node link is the catalog H100's.
+  `mixtral-8x22b` (added with this source: 140.6B parameters, 39.2B active). The `kernels` token `adamw_bnb_8bit`
+  sets the workload's optimizer (Workload.optimizer, core.frameworks OPTIMIZERS: bitsandbytes' 8-bit states); the
+  inter-node link is the catalog H100's.
 
 ## Units and labels
 
@@ -101,10 +102,9 @@ code copied); imported by `perfpredict.importers.alignment_handbook` into `runs.
   (trl/trainer/dpo_trainer.py:701-749, concatenated_inputs) and truncates at `max_length` 1024. The padded length varies
   per batch and is not published: the row carries the cap, 1024, so the work it implies is an upper bound, and a
   prediction that is too fast at 1024 tokens is too fast at any shorter length.
-- 8-bit optimizer: the ORPO run's `adamw_bnb_8bit` keeps 2 bytes of Adam state per parameter where the plan schema
-  assumes fp32 states and master weights, so the memory model over-counts that plan (about 10 B per parameter, 41 GiB
-  per GPU over 32):
-  no memory label is published, but a fit verdict on this row is not the run's.
+- 8-bit optimizer: the ORPO run's `adamw_bnb_8bit` keeps about 2 bytes of Adam state per parameter (a uint8 per
+  moment and an fp32 absmax per 2,048 elements), where fp32 Adam keeps 8; the row carries it as its workload's
+  optimizer, so its fit verdict is the run's (no memory label is published).
 - The Hub shows a relative date; the rows' `collected_at` is the recipe commit date they follow.
 - Versions: the recipes at f0ffa0d pin TRL 0.7.7, transformers 4.36.2, DeepSpeed 0.12.2, torch 2.1.2 (setup.py).
 

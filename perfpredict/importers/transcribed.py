@@ -18,7 +18,7 @@ from typing import Any
 import polars as pl
 
 from perfpredict.core.catalog import get_gpu, get_model
-from perfpredict.core.frameworks import why_not
+from perfpredict.core.frameworks import OPTIMIZERS, why_not
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.plan import Plan
 from perfpredict.core.workload import Workload
@@ -87,16 +87,21 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
     cluster = Cluster(gpu=get_gpu(r["gpu"]), gpus_per_node=_int(r, "gpus_per_node"), nodes=_int(r, "nodes"),
                       intra_node_bw_gb_per_s=_float(r, "intra_node_bw_gb_per_s") or 0.0)
     mb, ga, dp = _int(r, "micro_batch"), _int(r, "grad_accum"), _int(r, "dp")
+    tokens = (r["kernels"] or "").split("+")
+    # A `kernels` token naming an optimizer (transformers' `optim`, core.frameworks OPTIMIZERS): the run's optimizer
+    named = [t for t in tokens if t in OPTIMIZERS and t]
+    if len(named) > 1:
+        raise ValueError(f"kernels names {len(named)} optimizers ({', '.join(named)}); a run has one")
     workload = Workload(objective=r["objective"], seq_len=_int(r, "seq_len"), global_batch=mb * ga * dp,
-                        precision="bf16")
+                        precision="bf16", optimizer=named[0] if named else "")
     plan = Plan(tp=_int(r, "tp"), pp=_int(r, "pp"), dp=dp, cp=_int(r, "cp"), ep=_int(r, "ep"),
                 sequence_parallel=_bool(r, "sequence_parallel"), zero=_int(r, "zero"), recompute=r["recompute"],
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),
                 framework=r["framework"], fused_head=_bool(r, "fused_head"),
                 # `kernels` token eager_attention: transformers' eager attention ran (plan eager_attention)
-                eager_attention="eager_attention" in (r["kernels"] or "").split("+"),
+                eager_attention="eager_attention" in tokens,
                 # `kernels` token reentrant_checkpoint: transformers' gradient_checkpointing with use_reentrant true
-                reentrant_checkpoint="reentrant_checkpoint" in (r["kernels"] or "").split("+"))
+                reentrant_checkpoint="reentrant_checkpoint" in tokens)
     return model, cluster, workload, plan
 
 

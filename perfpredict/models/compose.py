@@ -59,8 +59,9 @@ BWD_SHARE = {"bwd_input": 1.0, "bwd_weight": 1.0, "fwd_bwd": 2.5 / 3.5}
 # adds (0). Which one holds is fitted per trainer runtime on its measured GPU steps ("gpu:<runtime>",
 # "gpu_hidden:<runtime>", with at least MIN_RUNTIME_ROWS of them): an additive floor fitted on small models' steps
 # charged Megatron's large-model steps 1-3 s each for kernels that run back to back. A runtime never measured on a
-# GPU gets the pooled floor, added: hiding it there made the held-out playbook (nanotron) 7 points worse when only
-# Megatron's steps were in training, and an unknown runtime may sync the host anywhere.
+# GPU gets the pooled floor (the prior below where the pooled search finds no optimum inside its grid), added:
+# hiding it there made the held-out playbook (nanotron) 7 points worse when only Megatron's steps were in training,
+# and an unknown runtime may sync the host anywhere.
 LAUNCH_FLOOR_S = {"gpu": 2e-5, "cpu": 3e-5}
 # TRL on CPU (features.trl): per-family efficiencies of the trainer's own model code against our kernel probes, and
 # the scale of the fused head's torch fold (in its cross-entropy fwd+bwd units). TRL runs transformers'

@@ -195,8 +195,7 @@ def kernel_features(df: pl.DataFrame, family: str | None = None, names: list[str
                                    "build; retrain with `perfpredict train`")
         return pool.select(names)
     if fam == "collective":
-        import os
-        return pool.select([f for f in COLLECTIVE_FEATURES if f not in os.environ.get("DROP", "").split(",")] + [x for x in os.environ.get("XF", "").split(",") if x])
+        return pool.select(COLLECTIVE_FEATURES)
     if family in GPU_FAMILIES_NEW_FEATURES:  # GPU models only: the CPU ones (family.cpu) keep their list
         return pool.drop(GPU_DROPPED)
     return pool.drop("f_rpn")
