@@ -11,6 +11,7 @@ from perfpredict.core.scenario import plan_from_columns
 from perfpredict.features.plans import PlanSpace, Rejections, enumerate_plans
 from perfpredict.predictor.emit import emit
 from perfpredict.predictor.emit.common import fit
+from perfpredict.predictor.rank import RANK_ORDER
 
 H100 = get_gpu("h100-sxm-80gb")
 CASES = [  # (model, gpus per node, nodes, global batch): dense, MoE, 28 layers (uneven pp), one GPU
@@ -184,12 +185,24 @@ def test_emitted_configs_carry_ep_stages_and_param_offload():
     assert cfg["zero_optimization"]["offload_param"]["device"] == "cpu"
 
 
+def _in_rank_order(a: tuple, b: tuple) -> bool:
+    """Row a may precede row b under RANK_ORDER: the first column where they differ goes the ranking's way."""
+    for x, y, (_, descending) in zip(a, b, RANK_ORDER, strict=True):
+        if x != y:
+            return x > y if descending else x < y
+    return True
+
+
 def test_ties_prefer_less_memory_and_breakdown_adds_up():
     df = perfpredict.rank(model="llama-3.1-8b", cluster=Cluster(H100, 8, 2), workload=Workload(global_batch=64))
-    rows = df.select("samples_per_s", "peak_memory_gib", "plan").rows()
-    assert any(a[0] == b[0] for a, b in zip(rows, rows[1:], strict=False))  # ties exist (SP on/off moves no time here)
-    for a, b in zip(rows, rows[1:], strict=False):
-        assert a[0] > b[0] or (a[0] == b[0] and (a[1], a[2]) <= (b[1], b[2]))
+    # The order the ranking sorts by (predictor.rank.RANK_ORDER: fits, the expected throughput over the stall
+    # regimes, memory, label), not a copy of it that could drift.
+    cols = [k for k, _ in RANK_ORDER]
+    assert cols[:3] == ["fits", "expected_samples_per_s", "peak_memory_gib"]
+    rows = df.select(cols).rows()
+    # ties exist (SP on/off moves no time here) and go to the plan needing less memory
+    assert any(a[:2] == b[:2] and a[2] < b[2] for a, b in zip(rows, rows[1:], strict=False))
+    assert all(_in_rank_order(a, b) for a, b in zip(rows, rows[1:], strict=False))
     parts = df["mem_states_gib"] + df["mem_activations_gib"] + df["mem_logits_gib"] + df["mem_reference_gib"] + \
         df["mem_other_gib"]
     assert ((parts - df["peak_memory_gib"]).abs() < 1e-6 * df["peak_memory_gib"]).all()

@@ -73,6 +73,24 @@ def test_applicability_is_per_domain(monkeypatch):
     assert corr.weight(unseen)[0] == 0.0 and corr.predict(unseen)[0] == 1.0  # the composition itself
 
 
+def test_a_physics_twin_shares_the_weight_so_the_correction_keeps_the_compositions_order(monkeypatch):
+    """A plan and its twin with a live reference differ in one feature the correction is monotone in (TIME_MONOTONE);
+    the applicability weight leaves those knobs out (PHYSICS_KNOBS), so both get the same weight and the corrected
+    times keep the composition's order. With the knob in the distance, a live reference where training saw only
+    precomputed ones got weight 0 and the composition alone (2.0 s) against its twin's corrected 1.5 x 1.5 = 2.25 s:
+    the shipped 1B FSDP2 tp4 on 8 A100 predicted 7.53 s live against 7.83 s precomputed."""
+    monkeypatch.setattr(Correction, "features", lambda self, df: df.select("x", "f_reference"))
+    rng = np.random.default_rng(5)
+    train = _frame(60, "fsdp2", "a100-sxm-80gb", rng.normal(0, 1, 60)).with_columns(f_reference=pl.lit(0.0))
+    corr = Correction(kind="time").fit(train, np.full(60, 1.5))
+    assert "f_reference" not in corr.domain_features_ and "x" in corr.domain_features_
+    pre = _frame(1, "fsdp2", "a100-sxm-80gb", np.array([0.0])).with_columns(f_reference=pl.lit(0.0),
+                                                                            k_step_s=pl.lit(1.5))
+    live = pre.with_columns(f_reference=pl.lit(1.0), k_step_s=pl.lit(2.0))  # the composition charges the reference
+    assert corr.weight(live)[0] == corr.weight(pre)[0] == pytest.approx(1.0)
+    assert corr.predict(live)[0] > corr.predict(pre)[0]
+
+
 def test_a_domain_measured_on_a_few_rows_gets_no_correction(monkeypatch):
     """Below MIN_DOMAIN_ROWS training rows a domain is not measured for the correction: its rows get the
     composition (ms-swift's 3 DeepSpeed rows on A100 made a held-out model worse than the composition)."""

@@ -6,7 +6,8 @@ learned correction included.
   averaging the stalled and the stall-free runs of deep cross-node pipelines into one ratio).
 - The fullest stage sets an uneven pipeline's time: it runs like an even pipeline whose every stage is that full.
 - Neighbours in plan space (twice the micro-batch, twice the GPUs) do not differ 10x unless the breakdown names the
-  cause (b_stall_s, the pipeline-stall risk of predictor.predict.stall_free_time)."""
+  cause (b_stall_s, the pipeline-stall risk: P(stall) x the stall, models.stall).
+- The expected step (what `rank` orders by) and its interval never fall as P(stall) rises."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from perfpredict.core.plan import Plan
 from perfpredict.core.schema import STEP_TIME_PARTS
 from perfpredict.core.workload import Workload
 from perfpredict.features.frame import plans_frame
+from perfpredict.models.bundle import default_bundle
+from perfpredict.models.stall import StallModel
 from perfpredict.predictor.predict import predict_frame
 
 MODELS = ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "qwen2.5-7b", "qwen2.5-14b")
@@ -144,3 +147,41 @@ def test_deep_cross_node_pipeline_names_its_stall_risk():
         assert np.isclose(sum(r[k] for k in STEP_TIME_PARTS), r["step_time_s"])
     _named_or_close(rows[0], rows[1], "pp 8 -> 16")
     assert pl.Series([r["b_stall_s"] for r in rows]).min() >= 0.0
+
+
+class _FixedRisk(StallModel):
+    """The shipped stall model with P(stall) forced to one value on every plan."""
+
+    def __init__(self, base: StallModel, p: float):
+        self.__dict__.update(base.__dict__)
+        self.p = p
+
+    def proba(self, df: pl.DataFrame) -> np.ndarray:
+        return np.full(df.height, self.p)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(pipelines())
+def test_expected_step_is_monotone_in_stall_risk(case):
+    """Expected step = stall-free x (1 - p) + stalled x p with stalled >= stall-free: it (what `rank` orders by)
+    and the mixture's interval never fall as P(stall) rises; the point is one of the two regimes, the stall-free
+    step at p = 0 and the stalled one at p = 1 (models.stall.point_time)."""
+    model, gpu, wl, fw, kw = case
+    plan = _plan(fw, model, **kw)
+    assume(plan is not None)
+    b = default_bundle()
+    assert b.stall is not None, "the shipped predictor carries its stall model (stall.json)"
+    flat = plans_frame(model, _cluster(gpu, plan.tp * plan.pp * plan.dp * plan.cp), wl, [plan])
+    rows = [predict_frame(flat, bundle=replace(b, stall=_FixedRisk(b.stall, p))).row(0, named=True)
+            for p in (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)]
+    for key in ("expected_time_s", "step_time_lo_s", "step_time_hi_s"):
+        v = [r[key] for r in rows]
+        assert all(x <= y * (1 + 1e-6) for x, y in zip(v, v[1:], strict=False)), (key, v)
+    assert rows[0]["step_time_s"] == pytest.approx(rows[0]["stall_free_time_s"])
+    assert rows[-1]["step_time_s"] == pytest.approx(rows[-1]["stalled_time_s"])
+    for r in rows:
+        assert r["step_time_s"] in (pytest.approx(r["stall_free_time_s"]), pytest.approx(r["stalled_time_s"]))
+        assert r["step_time_lo_s"] <= r["expected_time_s"] <= r["step_time_hi_s"]
+        assert r["step_time_lo_s"] <= r["step_time_s"] <= r["step_time_hi_s"]
+        assert np.isclose(sum(r[k] for k in STEP_TIME_PARTS), r["step_time_s"])

@@ -7,11 +7,14 @@ import zlib
 import numpy as np
 import pytest
 
-from perfpredict.models.bundle import default_path
+from perfpredict.models.bundle import BOOSTER, bundle_files, default_path
 from perfpredict.models.gb import GBRegressor, xgboost_module, xgboost_version
+from perfpredict.models.generate.model import BOOSTER_FILE, MODEL_DIR
 from perfpredict.models.trees import TreeEnsemble, export_folder, trees_path
 
-SHIPPED = sorted(p for p in default_path().rglob("*.json") if p.name != "metadata.json")
+# The shipped xgboost models, as the bundles' metadata name them (the plan bundle's file_kinds: its stall.json is
+# JSON but no booster), and the generation model's one.
+SHIPPED = [*bundle_files(default_path(), BOOSTER), MODEL_DIR / BOOSTER_FILE]
 
 
 def _inputs(trees: TreeEnsemble, n: int = 3000, seed: int = 0) -> np.ndarray:
@@ -82,3 +85,20 @@ def test_refuses_what_it_cannot_evaluate():
     raw = b'{"learner": {"objective": {"name": "binary:logistic"}, "learner_model_param": {}}}'
     with pytest.raises(ValueError, match="reg:squarederror"):
         TreeEnsemble.from_json_bytes(raw)
+
+
+def test_bundle_file_kinds_come_from_metadata_and_older_bundles_read_by_key(tmp_path):
+    import json
+
+    from perfpredict.models.bundle import DOMAIN_MATRIX, STALL
+
+    files = {"kernel_gemm": "kernel_gemm.json", "plan_time": "plan_time.json", "plan_time_domain": "plan_time_domain.npy",
+             "stall": "stall.json"}
+    (tmp_path / "metadata.json").write_text(json.dumps({"files": files}))  # saved before "file_kinds"
+    assert bundle_files(tmp_path, BOOSTER) == [tmp_path / "kernel_gemm.json", tmp_path / "plan_time.json"]
+    assert bundle_files(tmp_path, STALL) == [tmp_path / "stall.json"]
+    assert bundle_files(tmp_path, DOMAIN_MATRIX) == [tmp_path / "plan_time_domain.npy"]
+    shipped = json.loads((default_path() / "metadata.json").read_text())["file_kinds"]
+    assert shipped["stall.json"] == STALL and all(shipped[p.name] == BOOSTER for p in bundle_files(default_path(), BOOSTER))
+    with pytest.raises(ValueError, match="unknown bundle file kind"):
+        bundle_files(tmp_path, "pickle")

@@ -14,7 +14,8 @@ from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.formatting import num, num_range, seconds
 
 PREDICT_KEYS = ("step_time_s", "tokens_per_s", "samples_per_s", "peak_memory_gib", "fits", "mfu",
-                "step_time_interval_s", "peak_memory_interval_gib", "breakdown", "dominant")
+                "step_time_interval_s", "peak_memory_interval_gib", "breakdown", "dominant", "stall_risk",
+                "stall_free_time_s", "stalled_time_s", "expected_time_s")
 
 
 @command("predict")
@@ -72,14 +73,18 @@ def _training(file: Path, json_out: str | None, predictor: Path | None, *, expla
                  json.dumps({"error": it.error, **it.location()}) for it, p in answers]
         write_text(json_out, "\n".join(lines) + "\n")
     else:
-        t = Table("#", "step s [90%]", "tokens/s", "samples/s", "peak GiB [90%]", "fits", "MFU", "dominated by")
+        # The step is the stall-free one unless a stall is likely (models.stall.point_time), its interval covers
+        # both regimes; P(stall) says how likely a cross-node pipeline is to stall, and what a stalled step takes.
+        t = Table("#", "step s [90%]", "P(stall): stalled s", "tokens/s", "samples/s", "peak GiB [90%]", "fits",
+                  "MFU", "dominated by")
         for it, p in answers:
             where = f"{it.where} {it.at}"
             if p is None:
-                t.add_row(where, "[red]invalid[/]", "-", "-", "-", "-", "-", "-")
+                t.add_row(where, "[red]invalid[/]", "-", "-", "-", "-", "-", "-", "-")
                 continue
+            stall = (f"{100 * p.stall_risk:.0f}%: {p.stalled_time_s:.3g}" if p.stall_risk >= 0.005 else "-")
             t.add_row(where, f"{p.step_time_s:.3g} [{p.step_time_interval_s[0]:.3g}-{p.step_time_interval_s[1]:.3g}]",
-                      num(p.tokens_per_s), num(p.samples_per_s),
+                      stall, num(p.tokens_per_s), num(p.samples_per_s),
                       f"{p.peak_memory_gib:.1f} [{p.peak_memory_interval_gib[0]:.1f}-"
                       f"{p.peak_memory_interval_gib[1]:.1f}]", f"{p.fit_verdict} (P OOM {100 * p.oom_risk:.0f}%)",
                       f"{100 * p.mfu:.0f}%",

@@ -44,13 +44,17 @@ def plan_table(df: pl.DataFrame, unit: str, title: str) -> Table:
     """The ranked plans; "headroom" is GPU memory minus the predicted peak, "host GiB" what an offload plan's
     node pins in host RAM (a column only when a shown plan offloads)."""
     host = "host_ram_gib" in df.columns and bool((df["host_ram_gib"] > 0).any())
+    # P(stall) (models.stall) only when a shown plan's pipeline may stall: the throughput is then the expectation
+    # over the stall-free and the stalled regime.
+    stall = "stall_risk" in df.columns and bool((df["stall_risk"] >= 0.005).any())
     t = Table(title=title)
     heads = ["#", "plan", f"{unit}/s", "finish", "peak GiB [90%]", "fit (P OOM)", "headroom"] + (
-        ["host GiB"] if host else [])
+        ["host GiB"] if host else []) + (["P(stall)"] if stall else [])
     for h in [*heads, "MFU", "dominated by"]:
         t.add_column(h, justify="right" if h not in ("plan", "dominated by") else "left")
     for r in df.iter_rows(named=True):
-        extra = [(f"{r['host_ram_gib']:,.0f}" if r["host_ram_gib"] > 0 else "-")] if host else []
+        extra = ([(f"{r['host_ram_gib']:,.0f}" if r["host_ram_gib"] > 0 else "-")] if host else []) + (
+            [_risk(r["stall_risk"])] if stall else [])
         t.add_row(str(r["rank"]), r["plan"], num(r["samples_per_s"]), hours(r["time_to_finish_h"]),
                   f"{r['peak_memory_gib']:.1f} [{r['peak_memory_lo_gib']:.1f}-{r['peak_memory_hi_gib']:.1f}]",
                   f"{r['fit_verdict']} ({_risk(r['oom_risk'])})", f"{r['headroom_gib']:.1f}", *extra,
@@ -120,7 +124,11 @@ def rank_cmd(
     for note in rep.notes:
         say(note)
     if fit.height:
-        say(plan_table(fit.head(top), unit, f"top {min(top, fit.height)} plans by predicted {unit}/s"))
+        # ordered by the expected throughput over the pipeline-stall regimes (models.stall): with a stall risk
+        # shown, the order can differ from the column's stall-free figure
+        stalls = "stall_risk" in fit.columns and bool((fit.head(top)["stall_risk"] >= 0.005).any())
+        say(plan_table(fit.head(top), unit, f"top {min(top, fit.height)} plans by predicted {unit}/s"
+                       + (" (expected over P(stall))" if stalls else "")))
     if r.misses.height:
         say(rep.misses)
     if explain and fit.height:

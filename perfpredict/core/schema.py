@@ -194,6 +194,11 @@ MEMORY_PARTS = ("mem_states_gib", "mem_activations_gib", "mem_logits_gib", "mem_
 FIT_COLUMNS = ("fit_verdict", "oom_risk", "oom_margin", "fit_limit_gib", "r_usable_gib", "r_hidden_gib",
                "r_context_gib", "r_nccl_gib")
 
+# The pipeline-stall regime of a plan (models.stall): P(stall), the stall-free and the stalled step, and their
+# expectation stall_free_time_s x (1 - stall_risk) + stalled_time_s x stall_risk with the throughput it gives (what
+# `rank` orders by); step_time_s is the stall-free step unless a stall is likely (models.stall.point_time).
+STALL_COLUMNS = ("stall_risk", "stall_free_time_s", "stalled_time_s", "expected_time_s", "expected_samples_per_s")
+
 # The ranking `rank` returns (predictor.rank.Ranking.table), in this column order.
 RANK_COLUMNS = (
     "rank", "plan", "p_framework", "p_tp", "p_pp", "p_dp", "p_cp", "p_sp", "p_zero", "p_micro_batch",
@@ -203,5 +208,5 @@ RANK_COLUMNS = (
     "step_time_s", "step_time_lo_s", "step_time_hi_s", "time_to_finish_h", "peak_memory_gib",
     "peak_memory_lo_gib", "peak_memory_hi_gib", "fits", "mfu", "dominant", *STEP_TIME_PARTS, *ENGINE_PARTS,
     *MEMORY_PARTS,
-    "g_memory_gib", *FIT_COLUMNS,
+    "g_memory_gib", *FIT_COLUMNS, *STALL_COLUMNS,
 )

@@ -4,7 +4,10 @@ conformal intervals and the OOM margins per (framework family, GPU memory class)
 
 Saved as xgboost JSON files (each with its trees as numpy arrays beside it, models.trees), the corrections' training
 matrices as .npy (no pickle), and metadata.json (feature lists, the fitted launch floor and TRL calibration, options,
-domains, bounds, schema version, data hash, library versions). Loading checks the metadata and refuses a mismatch."""
+domains, bounds, schema version, data hash, library versions). Loading checks the metadata and refuses a mismatch.
+The pipeline-stall regime model (models.stall) is stall.json beside them: its logistic coefficients and checked
+metadata; a bundle without one predicts one regime. metadata.json names each file's kind (FILE_KINDS; bundle_files),
+so a reader never guesses a JSON file's format from its name: stall.json is JSON but no xgboost model."""
 
 from __future__ import annotations
 
@@ -32,8 +35,32 @@ from perfpredict.models.plan_model import (
     correction_from_meta,
     correction_meta,
 )
+from perfpredict.models.stall import STALL_FILE, StallModel, load_stall, mixture_bounds, point_time, stall_free
 
 MODEL_SCHEMA_VERSION = 3
+
+# What a bundle's files hold (metadata.json "file_kinds": {file: kind}): xgboost JSON models (with their numpy trees
+# beside them, models.trees), the corrections' training matrices (.npy) and the stall model (models.stall).
+BOOSTER, DOMAIN_MATRIX, STALL = "xgboost", "domain matrix", "stall model"
+FILE_KINDS = (BOOSTER, DOMAIN_MATRIX, STALL)
+
+
+def _kind_of_key(key: str) -> str:
+    """A file's kind from its key in metadata "files": how Bundle.save names them, and how a bundle saved before
+    "file_kinds" existed is read."""
+    if key == "stall":
+        return STALL
+    return DOMAIN_MATRIX if key.endswith("_domain") else BOOSTER
+
+
+def bundle_files(path: Path | str, kind: str) -> list[Path]:
+    """The files of a saved bundle that hold `kind` (FILE_KINDS), as its metadata.json lists them."""
+    if kind not in FILE_KINDS:
+        raise ValueError(f"unknown bundle file kind {kind!r}; known: {', '.join(FILE_KINDS)}")
+    path = Path(path)
+    meta = json.loads((path / "metadata.json").read_text())
+    kinds = meta.get("file_kinds") or {name: _kind_of_key(key) for key, name in meta["files"].items()}
+    return [path / name for name, k in sorted(kinds.items()) if k == kind]
 
 
 def versions() -> dict[str, str]:
@@ -105,6 +132,9 @@ class Bundle:
     # bundle saved before they existed) is judged by its memory interval alone.
     oom_margins: OomMargins = field(default_factory=lambda: OomMargins.from_dict({}))
     metadata: dict[str, Any] = field(default_factory=dict)
+    # P(stall) and the stall's size (models.stall), saved as stall.json beside the bundle; None: a bundle saved
+    # without one, whose cross-node pipelines keep the stall-free guard alone.
+    stall: StallModel | None = None
 
     def compose(self, desc: pl.DataFrame, *, canonical: bool = True,
                 canon: tuple[pl.DataFrame, np.ndarray] | None = None) -> pl.DataFrame:
@@ -116,8 +146,31 @@ class Bundle:
         """Predictions for composed rows: corrected time and memory, their intervals, applicability weights, the
         memory outside the allocator (r_*_gib) and the OOM verdict (models.oom.verdict; pred_fits: "fits")."""
         wt = self.time.weight(df)
-        t = df["k_step_s"].to_numpy() * 10.0 ** (wt * self.time.predict_log_ratio(df, where=wt > 0))
-        tlo, thi = self.time_intervals.bounds(self.time.interval_keys(df), wt, self.unseen_hardware(df))
+        k = df["k_step_s"].to_numpy()
+        t = k * 10.0 ** (wt * self.time.predict_log_ratio(df, where=wt > 0))
+        keys = self.time.interval_keys(df)
+        tlo, thi = self.time_intervals.bounds(keys, wt, self.unseen_hardware(df))
+        free = stall_free(t, k, keys, self.time_intervals.outside_keys_)
+        t_lo, t_hi = t * 10**tlo, t * 10**thi
+        p_stall, stalled, expected = np.zeros(df.height), free, t  # one regime: the correction as it is
+        if self.stall is not None:
+            # Two regimes: stall-free (the correction, its interval) and stalled (plus micro-batches x the stall's
+            # size, its spread added to the stall-free bounds). The point is the regime that minimises the expected
+            # relative error (models.stall.point_time: the stall-free step unless a stall is likely), the interval
+            # the mixture's 5th-95th percentiles, and the expectation is what `rank` orders by.
+            # Outside the stall model's scope (one node, a family without measured stalls) the correction stands
+            # as it is: no regime split is known there.
+            scope = self.stall.in_scope(df)
+            free = np.where(scope, free, t)
+            p_stall = self.stall.proba(df)
+            s, s_lo, s_hi = (np.where(scope, v, 0.0) for v in self.stall.stall_s(df))
+            stalled = free + s
+            expected = free + p_stall * s
+            t = point_time(free, stalled, p_stall)
+            f_lo, f_hi = free * 10**tlo, free * 10**thi
+            t_lo, t_hi = mixture_bounds(free, f_lo, f_hi, stalled, f_lo + s_lo, f_hi + s_hi, p_stall)
+            # the point is inside by construction; this only absorbs the bisection's last-bit rounding
+            t_lo, t_hi = np.minimum(t_lo, t), np.maximum(t_hi, t)
         wm = self.memory.weight(df)
         analytic = df["d_mem_gib"].to_numpy()
         mem = analytic * 10.0 ** (wm * self.memory.predict_log_ratio(df, where=wm > 0))
@@ -127,7 +180,9 @@ class Bundle:
         usable = res["r_usable_gib"].to_numpy()
         a, b, _ = self.oom_margins.ab_of(df)
         v = verdict(mem, mem_lo, mem_hi, usable, a, b)
-        return {"pred_time_s": t, "pred_time_lo_s": t * 10**tlo, "pred_time_hi_s": t * 10**thi, "time_weight": wt,
+        return {"pred_time_s": t, "pred_time_lo_s": t_lo, "pred_time_hi_s": t_hi, "time_weight": wt,
+                "pred_free_time_s": free, "pred_stalled_time_s": stalled, "pred_stall_p": p_stall,
+                "pred_expected_time_s": expected,
                 "pred_mem_gib": mem, "pred_mem_lo_gib": mem_lo, "pred_mem_hi_gib": mem_hi, "mem_weight": wm,
                 **{k: res[k].to_numpy() for k in ("r_context_gib", "r_nccl_gib", "r_hidden_gib", "r_usable_gib")},
                 **v, "pred_fits": v["fit_verdict"] == FITS}
@@ -163,6 +218,10 @@ class Bundle:
             "intervals_log10": {"time": self.time_intervals.to_dict(), "memory": self.memory_intervals.to_dict()},
             "oom_margins": self.oom_margins.to_dict(),
         }
+        if self.stall is not None:
+            self.stall.save(out / STALL_FILE)
+            meta["files"]["stall"] = STALL_FILE
+        meta["file_kinds"] = {name: _kind_of_key(key) for key, name in meta["files"].items()}
         (out / "metadata.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
         return out
 
@@ -199,7 +258,9 @@ class Bundle:
                    trl_calibration=check_trl_calibration(meta.get("trl_calibration"), where),
                    time=regs["time"], memory=regs["memory"],
                    time_intervals=Intervals.from_dict(iv["time"]), memory_intervals=Intervals.from_dict(iv["memory"]),
-                   oom_margins=OomMargins.from_dict(meta.get("oom_margins")), metadata=meta)
+                   oom_margins=OomMargins.from_dict(meta.get("oom_margins")), metadata=meta,
+                   # beside the bundle even where metadata.json predates it (fitted for a shipped bundle)
+                   stall=load_stall(path))
 
     def check_features(self, df: pl.DataFrame) -> None:
         """The code's feature lists must be the ones the models were trained with (checked once per set of columns:

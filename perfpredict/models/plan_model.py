@@ -42,6 +42,19 @@ SHARE_PARTS = ("compute", "tp", "pp", "cp", "ep", "dp", "zero3", "optim", "launc
 # The correction may only rise with these (the composition already rises with them): more micro-batches per step,
 # more recompute, a costlier reference can never make a step faster.
 TIME_MONOTONE = {"f_log_ga": 1, "f_recompute": 1, "f_reference": 1}
+# The guard that a learned correction never reverses what the composition orders for a plan and its physics twin
+# (the same plan with a live instead of a precomputed reference, with recompute, with more micro-batches; more
+# bandwidth is outside the features altogether, canonical_frame): the correction is t = k x 10^(w x r).
+# - r, the log ratio, is non-decreasing in the twin's one differing feature (xgboost's monotone constraints,
+#   TIME_MONOTONE), the other features being the canonical plan's (compose.canonical_frame);
+# - w, the applicability weight, is measured without those features (Correction.domain_features_), so twins share
+#   it: with w the same, w x r keeps r's order whatever its sign, and the composition's k orders the twins.
+# With the knobs in the distance, a live reference sat farther from the (mostly precomputed) training rows than its
+# precomputed twin, its positive correction was shrunk more, and 1B FSDP2 tp4 on 8 A100 predicted 7.53 s live
+# against 7.83 s precomputed (composed 6.54 against 4.80 s). This is structural, for every bundle this code fits;
+# a clamp of the corrected times to the composition's order would need each twin predicted beside each plan (a
+# ranking would pay for every knob) and would hide a correction that disagrees with physics instead of preventing it.
+PHYSICS_KNOBS = {"time": tuple(TIME_MONOTONE), "memory": ()}
 K_NEIGHBOURS = 5
 # A domain measured on fewer rows than this gets no correction (the composition alone, and the interval of the
 # nearest measured domains): a ratio learned from one or two runs of another model is an anecdote. With each source
@@ -243,6 +256,7 @@ class Correction:
         self.bounds_ = (float(np.quantile(target, 0.005)), float(np.quantile(target, 0.995)))
         self.center_ = X.mean(axis=0)
         self.scale_ = np.maximum(X.std(axis=0), 1e-3)
+        self.domain_features_ = [n for n in self.feature_names_ if n not in PHYSICS_KNOBS[self.kind]]
         self.train_X_ = X
         self.train_keys_ = np.array(self.domain_keys(df), dtype=object)
         self._trees = None
@@ -263,6 +277,7 @@ class Correction:
         self.bounds_ = (0.0, 0.0)
         n = len(self.feature_names_)
         self.center_, self.scale_ = np.zeros(n), np.ones(n)
+        self.domain_features_ = list(self.feature_names_)
         self.train_X_ = np.zeros((0, n))
         self.train_keys_ = np.array([], dtype=object)
         self._trees, self.radius_ = {}, {}
@@ -274,15 +289,22 @@ class Correction:
         machine's, said nothing about whether this domain's correction carries (global neighbours let vTrain's
         multi-node rows vouch for the playbook's)."""
         if getattr(self, "_trees", None) is None:
-            Z = (self.train_X_ - self.center_) / self.scale_
+            Z = self._domain_Z(self.train_X_)
             self._trees = {k: Neighbours(Z[self.train_keys_ == k]) for k in sorted(set(self.train_keys_.tolist()))}
         return self._trees
+
+    def _domain_Z(self, X: np.ndarray) -> np.ndarray:
+        """Standardised features the applicability distance reads: all but the physics knobs (PHYSICS_KNOBS), so a
+        plan and its physics twin get the same weight. A bundle saved before domain_features_ reads them all."""
+        names = getattr(self, "domain_features_", None) or self.feature_names_
+        cols = [self.feature_names_.index(n) for n in names]
+        return ((X - self.center_) / self.scale_)[:, cols]
 
     def distance(self, df: pl.DataFrame, *, beyond: float | None = None) -> np.ndarray:
         """Mean distance to the K nearest training rows of the row's domain, in units of that domain's own 95th
         percentile; inf for a domain never measured, and (with `beyond`) for rows certainly farther than `beyond`
         (no search needed: nothing past it changes the weight)."""
-        Z = (self._X(df) - self.center_) / self.scale_
+        Z = self._domain_Z(self._X(df))
         keys = np.array(self.domain_keys(df), dtype=object)
         out = np.full(len(Z), np.inf)
         for key, tree in self._trees_of().items():
@@ -402,7 +424,19 @@ class Intervals:
 
     A key with too few applicable out-of-fold rows has no evidence of how good the correction is there: it takes
     the composition's spread of its key. Outside bounds are at least as wide as inside ones. A hardware no kernel
-    model saw a probe of is widened by the composition's residuals on held-out hardware of its device class."""
+    model saw a probe of is widened by the composition's residuals on held-out hardware of its device class.
+
+    Every fitted table is a declared attribute (empty until fit/from_dict): readers such as models.stall's
+    stall-free guard access them directly, so a rename fails loudly instead of silently turning the guard off."""
+
+    inside_: dict[str, tuple[float, float]]
+    domain_: dict[str, tuple[float, float]]
+    outside_keys_: dict[str, tuple[float, float]]
+    outside_domain_: dict[str, tuple[float, float]]
+    unseen_: dict[str, tuple[float, float]]
+
+    def __init__(self) -> None:
+        self.inside_, self.domain_, self.outside_keys_, self.outside_domain_, self.unseen_ = {}, {}, {}, {}, {}
 
     def fit(self, keys: list[str], oof_log_residuals: np.ndarray, baseline_log_residuals: np.ndarray,
             *, oof_weight: np.ndarray | None = None, coverage: float = 0.9) -> Intervals:
@@ -534,7 +568,8 @@ def correction_meta(r: Correction) -> dict:
     """Everything but the booster and the training matrix (saved beside it), JSON-ready."""
     return {**{k: getattr(r, k) for k in CORRECTION_OPTIONS}, "features": r.feature_names_, "domains": r.domains_,
             "bounds_log10": list(r.bounds_), "center": r.center_.tolist(), "scale": r.scale_.tolist(),
-            "radius": r.radius_, "train_keys": _run_lengths(r.train_keys_.tolist())}
+            "radius": r.radius_, "train_keys": _run_lengths(r.train_keys_.tolist()),
+            "domain_features": r.domain_features_}
 
 
 def correction_from_meta(meta: dict, model: GBRegressor, train_X: np.ndarray) -> Correction:
@@ -546,6 +581,8 @@ def correction_from_meta(meta: dict, model: GBRegressor, train_X: np.ndarray) ->
     r.center_ = np.asarray(meta["center"], dtype=float)
     r.scale_ = np.asarray(meta["scale"], dtype=float)
     r.radius_ = {k: float(v) for k, v in meta["radius"].items()}
+    # absent in bundles saved before the distance left the physics knobs out: theirs read every feature
+    r.domain_features_ = list(meta.get("domain_features", meta["features"]))
     r.train_X_ = np.asarray(train_X, dtype=float)
     r.train_keys_ = np.array([k for k, n in meta["train_keys"] for _ in range(n)], dtype=object)
     r._trees = None

@@ -34,29 +34,6 @@ def _col(df: pl.DataFrame, name: str) -> np.ndarray:
     return df[name].to_numpy() if name in df.columns else np.zeros(df.height)
 
 
-def stall_free_time(b: Bundle, df: pl.DataFrame, t: np.ndarray) -> np.ndarray:
-    """The part of a predicted step that is not the pipeline-stall regime.
-
-    Where a pipeline crosses nodes the measured runs are bimodal: a share of them stall by seconds per micro-batch
-    (the interval key `...|pp-cross-node`, models.plan_model.Correction.interval_keys), and the learned correction
-    averages both modes into one ratio over the composition (a 28-layer model from pp 8 to pp 16 went 9x slower
-    although each rank holds half the layers). The correction is not split by regime yet (that needs a stall
-    classifier and a retrained bundle), so the prediction is read as: stall-free up to the ratio over the
-    composition that the stall-free runs of the same domain reach (the upper 90 % conformal bound of the
-    composition's residuals on the domain's rows whose pipeline stays inside a node), the rest the stall risk the
-    learned layer saw in that regime. The step time is unchanged; its breakdown names the excess (b_stall_s)
-    instead of multiplying compute and communication by it."""
-    k = df["k_step_s"].to_numpy()
-    ceilings = getattr(b.time_intervals, "outside_keys_", {}) or {}
-    keys = b.time.interval_keys(df)
-    caps: dict[str, float] = {}  # per distinct key (a ranking has a handful)
-    for key in set(keys):
-        base, _, regime = key.partition("|")
-        caps[key] = 10.0 ** max(ceilings[base][1], 0.0) if regime and base in ceilings else np.inf
-    cap = np.array([caps[key] for key in keys], dtype=float) if keys else np.full(len(t), np.inf)
-    return np.minimum(t, k * cap)
-
-
 def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described: bool = False,
                   canon: tuple[pl.DataFrame, np.ndarray] | None = None) -> pl.DataFrame:
     """Flat scenario rows -> the same rows with descriptors, the composition and every prediction column (`canon`:
@@ -67,8 +44,12 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
     b.check_features(df)
     p = b.apply(df)
     t, mem = p["pred_time_s"], p["pred_mem_gib"]
-    free = stall_free_time(b, df, t)
-    # The composition's parts scale with the stall-free ratio; the rest of the step is the stall risk (b_stall_s).
+    # Where a pipeline crosses nodes the measured runs are bimodal (models.stall): the step is the stall-free one
+    # unless a stall is likely (then the stalled one), the interval covers both regimes and the expectation over
+    # them is what `rank` orders by (expected_samples_per_s). The composition's parts scale with the stall-free
+    # ratio; the rest of the step is the stall (b_stall_s: the stall where the point is the stalled step, or, for a
+    # bundle saved without a stall model, what the stall-free guard leaves over).
+    free = p["pred_free_time_s"]
     ratio = free / df["k_step_s"].to_numpy()
     mratio = mem / df["d_mem_gib"].to_numpy()
     tokens = df["d_tokens_per_step"].to_numpy()
@@ -83,6 +64,9 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         peak_memory_gib=pl.Series(mem), peak_memory_lo_gib=pl.Series(p["pred_mem_lo_gib"]),
         peak_memory_hi_gib=pl.Series(p["pred_mem_hi_gib"]),
         fits=pl.Series(p["pred_fits"]),
+        stall_risk=pl.Series(p["pred_stall_p"]), stall_free_time_s=pl.Series(free),
+        stalled_time_s=pl.Series(p["pred_stalled_time_s"]), expected_time_s=pl.Series(p["pred_expected_time_s"]),
+        expected_samples_per_s=pl.Series(samples / p["pred_expected_time_s"]),
         **{k: pl.Series(p[k]) for k in FIT_COLUMNS},
         # How much of the learned correction applies (1: inside the measured domain, 0: composition alone).
         time_applicability=pl.Series(p["time_weight"]), memory_applicability=pl.Series(p["mem_weight"]),
@@ -159,6 +143,12 @@ class Prediction:
     fit_verdict: str = "fits"  # fits / at risk / does not fit (models.oom); `fits` is fit_verdict == "fits"
     oom_risk: float = 0.0  # P(peak > the memory the allocator can use)
     fit_explanation: str = ""  # fit_line: the reserve, the margin applied and the three-way verdict
+    # P(a cross-node pipeline stalls), the stall-free and the stalled step and their expectation (models.stall);
+    # step_time_s is the stall-free step unless a stall is likely
+    stall_risk: float = 0.0
+    stall_free_time_s: float = 0.0
+    stalled_time_s: float = 0.0
+    expected_time_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,7 +167,9 @@ def _row_prediction(r: dict[str, Any]) -> Prediction:
                    "logits_gib": r["mem_logits_gib"], "reference_gib": r["mem_reference_gib"],
                    "other_gib": r["mem_other_gib"],
                    **{k[2:]: r[k] for k in ENGINE_TERMS.values() if k in r}},
-        dominant=r["dominant"], fit_verdict=r["fit_verdict"], oom_risk=r["oom_risk"], fit_explanation=fit_line(r))
+        dominant=r["dominant"], fit_verdict=r["fit_verdict"], oom_risk=r["oom_risk"], stall_risk=r["stall_risk"],
+        stall_free_time_s=r["stall_free_time_s"], stalled_time_s=r["stalled_time_s"],
+        expected_time_s=r["expected_time_s"], fit_explanation=fit_line(r))
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,13 @@ from perfpredict.models.bundle import Bundle
 from perfpredict.predictor.predict import ENGINE_TERMS, fit_line, load_predictor, predict_frame
 
 c = pl.col
-STALL_NOTE_SHARE = 0.1  # rank says so when this share of #1's step is the pipeline-stall risk (b_stall_s)
+STALL_NOTE_SHARE = 0.1  # rank says so when #1's expected step exceeds its stall-free one by this share
+# The ranking's order, (column, descending), one place for rank_plans and whoever checks it: fitting first, then the
+# expected throughput over the stall regimes (models.stall; the predicted throughput where no pipeline may stall);
+# equal throughput goes to the plan needing less memory, then to the label (so a rerun ranks identically).
+RANK_ORDER = (("fits", True), ("expected_samples_per_s", True), ("peak_memory_gib", False), ("plan", False))
 HOST_RAM_UNBOUNDED_GIB = 1e6  # what_would_fit's "more host RAM": no node limit, the tip names what the plan needs
-__all__ = ["RANK_COLUMNS", "GpuSearch", "Ranking", "fewest_gpus", "host_ram_refused", "rank_plans", "ranking_notes",
+__all__ = ["RANK_COLUMNS", "RANK_ORDER", "GpuSearch", "Ranking", "fewest_gpus", "host_ram_refused", "rank_plans", "ranking_notes",
            "what_would_fit"]
 @dataclass
 class Ranking:
@@ -84,11 +88,9 @@ def rank_plans(*, model: ModelSpec, cluster: Cluster, workload: Workload, space:
         time_to_finish_h=pl.when(total > 0).then(
             (total / c("samples_per_s") + c("d_precompute_flops") / rate) / 3600.0).otherwise(None),
     )
-    # Deterministic order: fitting first, then throughput; equal throughput goes to the plan needing less memory,
-    # then to the label (so a rerun ranks identically).
-    keys = ["fits", "samples_per_s", "peak_memory_gib", "plan"]
+    keys = [k for k, _ in RANK_ORDER]
     kept = [k for k in dict.fromkeys([*RANK_COLUMNS, *keys]) if k in df.columns]  # sort only what the table keeps
-    df = df.select(kept).sort(keys, descending=[True, True, False, False], maintain_order=True).with_row_index(
+    df = df.select(kept).sort(keys, descending=[d for _, d in RANK_ORDER], maintain_order=True).with_row_index(
         "rank", offset=1)
     return Ranking(table=df.select([k for k in RANK_COLUMNS if k in df.columns]), rejections=rej,
                    cluster=cluster, workload=workload, model=model)
@@ -186,11 +188,13 @@ def ranking_notes(ranking: Ranking) -> list[str]:
         if reason.startswith(HOST_RAM_REFUSAL):
             notes.append(f"{n:,} offload plan(s) refused: {reason} (--host-ram-gib)")
     top = ranking.fitting.head(1)
-    if top.height and top["b_stall_s"][0] > STALL_NOTE_SHARE * top["step_time_s"][0]:
+    if top.height and top["expected_time_s"][0] - top["stall_free_time_s"][0] > STALL_NOTE_SHARE * top[
+            "stall_free_time_s"][0]:
         t = top.row(0, named=True)
-        notes.append(f"#1's step of {t['step_time_s']:.3g} s holds {t['b_stall_s']:.3g} s of pipeline-stall risk: its "
-                     "pipeline crosses nodes, where measured runs either stall or do not, and the prediction is their "
-                     f"average; stall-free it would take {t['step_time_s'] - t['b_stall_s']:.3g} s")
+        notes.append(f"#1's pipeline crosses nodes, where measured runs either stall or do not (models.stall): "
+                     f"P(stall) {100 * t['stall_risk']:.0f}%, stall-free {t['stall_free_time_s']:.3g} s, stalled "
+                     f"{t['stalled_time_s']:.3g} s per step; the plans are ranked by the expected step "
+                     f"({t['expected_time_s']:.3g} s)")
     return notes
 
 

@@ -134,13 +134,15 @@ def _summary(prefix: str, ape: np.ndarray) -> dict[str, float]:
 
 def _ranking(df: pl.DataFrame) -> dict[str, float]:
     """Within each (model, cluster, workload) group: Spearman of predicted vs measured throughput and the regret
-    of picking the predicted best (fraction of the best measured throughput lost)."""
+    of picking the predicted best (fraction of the best measured throughput lost). Plans are ordered as `rank`
+    orders them: by the expected step over the stall regimes where a stall model gives one (models.stall)."""
     rhos, regrets = [], []
+    by = "pred_expected_time_s" if "pred_expected_time_s" in df.columns else "pred_time_s"
     for _, g in df.group_by("cluster_group"):
         if g.height < 3:
             continue
         meas = 1.0 / g["step_time_s"].to_numpy()
-        pred = 1.0 / g["pred_time_s"].to_numpy()
+        pred = 1.0 / g[by].fill_null(g["pred_time_s"]).to_numpy()
         if np.ptp(meas) > 0 and np.ptp(pred) > 0:
             rhos.append(spearmanr(meas, pred).statistic)
         regrets.append(1.0 - meas[np.argmax(pred)] / meas.max())

@@ -19,6 +19,7 @@ from perfpredict.models.compose import compose
 from perfpredict.models.kernels import KernelModel
 from perfpredict.models.oom import OomMargins, margin_cells
 from perfpredict.models.plan_model import Correction, Intervals
+from perfpredict.models.stall import StallModel, reference_ratios
 from perfpredict.models.trl_scales import trl_probe_scales
 from perfpredict.train.data import load_probes, load_runs, memory_rows, oom_rows, time_rows
 
@@ -53,7 +54,8 @@ def fit_corrections(composed: pl.DataFrame, *, seed: int = 0, variant: Variant =
     """The step-time and peak-memory corrections. The step-time domains `gated` (None: those source_gate finds on
     these rows) get no correction: their rows get the composition."""
     opts = dict(seed=seed, shrink=variant.shrink, bound=variant.bound, absolute=variant.absolute)
-    tr = time_rows(composed)
+    # The time correction learns the stall-free regime (models.stall): stalled runs would average both modes.
+    tr = _stall_free(time_rows(composed))
     time = Correction(kind="time", domain="framework", **opts).fit(tr, tr["step_time_s"].to_numpy(), _weights(tr))
     mr = memory_rows(composed)
     mem = Correction(kind="memory", domain="device", **opts).fit(mr, mr["peak_memory_gib"].to_numpy(), _weights(mr))
@@ -155,6 +157,20 @@ def _out_of_fold(composed: pl.DataFrame, *, seed: int, variant: Variant, folds: 
     return {key: np.concatenate(v) for key, v in out.items()}
 
 
+def with_stall_labels(composed: pl.DataFrame) -> pl.DataFrame:
+    """`stalled` per composed run (models.stall.reference_ratios on its time rows; False on the others)."""
+    idx = composed.with_row_index("_i")
+    tr = time_rows(idx)
+    stalled = np.zeros(composed.height, dtype=bool)
+    if tr.height:
+        stalled[tr["_i"].to_numpy()] = reference_ratios(tr)[1]
+    return composed.with_columns(stalled=pl.Series(stalled))
+
+
+def _stall_free(rows: pl.DataFrame) -> pl.DataFrame:
+    return rows.filter(~c("stalled")) if "stalled" in rows.columns else rows
+
+
 def _uncomposed(df: pl.DataFrame) -> pl.DataFrame:
     """Described runs without any earlier composition's k_/kc_ columns (compose adds them afresh)."""
     return df.drop([x for x in df.columns if x.startswith(("k_", "kc_"))])
@@ -191,14 +207,17 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
     (default: those among `probes`) give each probed CPU host its TRL scales. Returns the bundle and the composed runs with out-of-fold
     predictions."""
     floor, trl = fit_step_terms(runs, kernels, probes=trl_probes if trl_probes is not None else probes)
-    composed = compose(_uncomposed(runs), kernels, launch_floor=floor.floors_, trl_calibration=trl.calibration_)
+    composed = with_stall_labels(
+        compose(_uncomposed(runs), kernels, launch_floor=floor.floors_, trl_calibration=trl.calibration_))
+    stall = StallModel(seed=seed).fit(time_rows(composed))
     time, mem = fit_corrections(composed, seed=seed, variant=variant)
     oof = _out_of_fold(composed, seed=seed, variant=variant, folds=folds, gated=tuple(time.gated_))
     composed = composed.with_columns(**{f"oof_{key}": pl.Series(v[: composed.height]) for key, v in oof.items()})
     # Intervals and the margin see every grouping's out-of-fold predictions (rows repeated once per grouping).
     stacked = pl.concat([composed] * len(OOF_GROUPINGS)).with_columns(
         **{f"oof_{key}": pl.Series(v) for key, v in oof.items()})
-    tr = time_rows(stacked).filter(c("oof_pred_time_s").is_not_nan())
+    # The time intervals are the stall-free regime's; the stalled one's spread is the stall model's (models.stall).
+    tr = _stall_free(time_rows(stacked)).filter(c("oof_pred_time_s").is_not_nan())
     mr = memory_rows(stacked).filter(c("oof_pred_mem_gib").is_not_nan())
     t_iv = Intervals().fit(time.interval_keys(tr), np.log10(tr["step_time_s"] / tr["oof_pred_time_s"]).to_numpy(),
                            np.log10(tr["step_time_s"] / tr["k_step_s"]).to_numpy(),
@@ -212,7 +231,7 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
         t_iv.fit_unseen_hardware(r, hardware=hw)
     bundle = Bundle(kernels=kernels, launch_floor_s=floor.floors_, trl_calibration=trl.calibration_, time=time,
                     memory=mem, time_intervals=t_iv, memory_intervals=m_iv,
-                    oom_margins=calibrate_oom_margins(oom_rows(stacked), mem, m_iv),
+                    oom_margins=calibrate_oom_margins(oom_rows(stacked), mem, m_iv), stall=stall,
                     # Which CPU hosts' TRL scales their TRL-op probes give, and why the others use the constants.
                     metadata={"variant": variant.name, "trl_probe_hosts": list(trl.measured_hosts_),
                               # Step-time domains whose correction is not applied (source_gate, gpu_family_gated):

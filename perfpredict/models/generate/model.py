@@ -23,6 +23,7 @@ from perfpredict.models.bundle import default_path
 from perfpredict.models.generate.compose import GPU_STEP_OVERHEAD_S
 
 MODEL_DIR = default_path() / "generate"
+BOOSTER_FILE = "correction.json"  # the xgboost model beside metadata.json (its only one)
 # CPU core sharing (2 cores, vLLM's front-end and scheduler processes float over them). A replica's compute (kernels,
 # per-layer dispatch) needs its tp pinned cores plus COMPUTE_EXTRA_CORES of co-scheduled work; its host work (per-step
 # scheduling, per-token bookkeeping) stretches as if it needed tp + HOST_EXTRA_CORES. Chosen on the validation folds
@@ -137,7 +138,7 @@ class GenerationModel:
     def save(self, out: Path | str = MODEL_DIR) -> Path:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        self.gb_.save_model(out / "correction.json")
+        self.gb_.save_model(out / BOOSTER_FILE)
         meta = {"kind": "perfpredict.generation", "version": SCHEMA_VERSION, "features": list(FEATURES), "coef": self.coef_,
                 "host_cores": list(self.host_cores_), "hardware": list(self.hardware_),
                 "lo": self.lo_.tolist(), "hi": self.hi_.tolist(), "clip": self.clip_, "interval": self.interval_,
@@ -165,5 +166,5 @@ class GenerationModel:
         m.lo_, m.hi_ = np.array(meta["lo"]), np.array(meta["hi"])
         m.clip_, m.interval_ = tuple(meta["clip"]), tuple(meta["interval"])
         m.training_ = meta.get("training", {})
-        m.gb_ = GBRegressor.load_model(path / "correction.json")
+        m.gb_ = GBRegressor.load_model(path / BOOSTER_FILE)
         return m
