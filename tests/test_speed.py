@@ -103,7 +103,7 @@ def _reference_path(monkeypatch):
 
 
 def _kdtree_distance(self, df):
-    Z = (self._X(df) - self.center_) / self.scale_
+    Z = self._domain_Z(self._X(df))  # the standardised features the weight reads (no physics knobs)
     keys = np.array(self.domain_keys(df), dtype=object)
     out = np.full(len(Z), np.inf)
     for key, tree in self._trees_of().items():
