@@ -31,7 +31,8 @@ from perfpredict.core.catalog import get_gpu, get_model
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import kv_capacity
-from perfpredict.models.generate.engine import Parallel, benchmark_ttft, roofline_tpot, steady_state
+from perfpredict.models.generate.engine import (Parallel, benchmark_ttft, host_step_overhead_s, roofline_tpot,
+                                                steady_state)
 from perfpredict.models.generate.silicon import SiliconKernels, covered_gpus
 
 E2E = Path("public") / "aiconfigurator_e2e"
@@ -108,7 +109,8 @@ def parallel_of(r: dict[str, Any], m: ModelSpec) -> Parallel:
 
 
 def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
-    """Composition-only TPOT / TTFT (seconds, zero step overhead: the correction adds it) and the roofline TPOT."""
+    """Composition-only TPOT / TTFT (seconds; host time per step only where the engine's version leaves it between
+    GPU steps: engine.host_step_overhead_s) and the roofline TPOT."""
     specs = model_specs(data)
     out = []
     for r in df.iter_rows(named=True):
@@ -118,7 +120,8 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         par = parallel_of(r, m)
         cap = replica_kv(m, r)
         s = steady_state(k, m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"],
-                         max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"], overhead_s=0.0,
+                         max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"],
+                         overhead_s=host_step_overhead_s(r["backend"], r["backend_version"]),
                          kv_pool_tokens=cap.pool_tokens if cap.fits else None)
         roof = roofline_tpot(m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"])
         # The benchmark stepped as the engine schedules it (AIPerf's 20 rounds, vLLM's chunked budget, SGLang's
