@@ -44,6 +44,16 @@ BATCHED_TOKENS = 8192
 # Engines whose scheduler runs a waiting prompt's prefill before any decode step (SGLang: Scheduler.
 # get_next_batch_to_run, "Run prefill first if possible"); vLLM and TensorRT-LLM mix prompt chunks into decode steps.
 PREFILL_FIRST = {"sglang"}
+# The client each run's harness used (runs.csv `harness`, from the source's provenance text; docs/generate-accuracy.md,
+# issue 20 sixth pass). InferenceX's runs (its database dump and CSV exports) come from vLLM's benchmark_serving.py
+# at `--num-prompts 10c --max-concurrency c --random-range-ratio` (SemiAnalysisAI/InferenceX benchmarks/single_node/
+# minimaxm2.5_fp8_b200.sh, benchmarks/70b_fp8_h200_slurm.sh; NVIDIA replays them with random_range_ratio 0.8 and
+# 10c requests, ai-dynamo/aisimulate scripts/e2e_accuracy/run_e2e_accuracy.py replay_spec): lengths drawn per
+# request, so requests finish out of step and a new one meets the running set at a random point of its decode, the
+# random-arrival steady state (SteadyState.ttft_s). NVIDIA's gap-analysis runs state no client; AIConfigurator's own
+# benchmark scripts run AIPerf with fixed lengths (tests/baseline/precutover_ref/sglang_dense_agg/bench_run.sh:
+# --isl-stddev 0 --osl-stddev 0), taken for them: the grouped returns (SteadyState.wave_ttft_s).
+RANDOM_LENGTH_HARNESSES = {"inferencex"}
 
 
 def model_specs(data: Path) -> dict[str, ModelSpec]:
@@ -132,11 +142,12 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
                                budget_tokens=BATCHED_TOKENS, decode_step_s=s.decode_tpot_s,
                                prefill_token_s=s.prefill_per_prompt_s * par.pp / r["isl"],
                                prefill_first=r["backend"] in PREFILL_FIRST)
-        # TTFT composed as the benchmark runs: fixed isl / osl at a fixed concurrency, so the requests come back
-        # in the groups the opening burst formed (engine.wave_ttft); the random-arrival steady state is kept
-        # beside it for the record (it was the composition's TTFT until issue 20's TTFT item: 70 % vs 46 %).
+        # TTFT composed as the benchmark runs: with fixed isl / osl at a fixed concurrency the requests come back
+        # in the groups the opening burst formed (engine.wave_ttft); with lengths drawn per request (InferenceX's
+        # client) they run out of step, the random-arrival steady state (RANDOM_LENGTH_HARNESSES).
         out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": s.tpot_s,
-                    "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "pred_ttft_s": s.wave_ttft_s,
+                    "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "grouped_ttft_s": s.wave_ttft_s,
+                    "pred_ttft_s": s.ttft_s if r.get("harness") in RANDOM_LENGTH_HARNESSES else s.wave_ttft_s,
                     "random_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s, "roof_tpot_s": roof,
                     "prefill_steps": s.prefill_steps, "bench_ttft_s": bench,
                     "prefill_token_s": s.prefill_per_prompt_s * par.pp / r["isl"]})
@@ -387,7 +398,7 @@ def ttft_ratios(comp: pl.DataFrame) -> list[dict[str, Any]]:
     if comp.height == 0:
         return []
     d = comp.with_columns(
-        r=pl.col("silicon_ttft_ms") / 1e3 / pl.col("pred_ttft_s"),
+        r=pl.col("silicon_ttft_ms") / 1e3 / pl.col("grouped_ttft_s"),
         rb=pl.col("silicon_ttft_ms") / 1e3 / pl.col("burst_ttft_s"),
         rs=pl.col("silicon_ttft_ms") / 1e3 / pl.col("bench_ttft_s"),
         c_max=pl.col("batch_size").map_elements(
