@@ -385,7 +385,7 @@ def nanotron_stage_layers(layers: int, pp: int, *, hidden: int, attn_width: int,
     for cost, is_layer in blocks:
         cum += cost
         counts[rank] += is_layer
-        if rank < pp - 1 and cum > total * (rank + 1) / pp:
+        if rank < pp - 1 and cum > total * ((rank + 1) / pp):  # nanotron's thresholds, same float order
             rank += 1
     return tuple(counts)
 
