@@ -111,8 +111,9 @@ def _cost_split(df: pl.DataFrame) -> pl.Series:
             continue
         k = r[:-1]
         if k not in memo:
-            layers, pp, h, heads, hd, ffn, vocab = (int(x) for x in k)
-            memo[k] = list(nanotron_stage_layers(layers, pp, hidden=h, attn_width=heads * hd, ffn=ffn, vocab=vocab))
+            layers, pp, h, heads, hd, ffn, vocab = (int(x or 0) for x in k)
+            width = heads * hd if heads and hd else h  # a row without a head_dim: attention as wide as the model
+            memo[k] = list(nanotron_stage_layers(layers, pp, hidden=h, attn_width=width, ffn=ffn, vocab=vocab))
         out.append(memo[k])
     return pl.Series("_split", out, dtype=pl.List(pl.Int64))
 
