@@ -349,6 +349,47 @@ RANKABLE = tuple(n for n, c in CAPABILITIES.items() if c.rankable)
 DEFAULT_RANKED = tuple(n for n in RANKABLE if not CAPABILITIES[n].explicit_only)
 # Framework -> the runtime whose memory and communication rules apply (features read this, not the names).
 RUNTIME = {n: (c.runtime or n) for n, c in CAPABILITIES.items()}
+# nanotron's loss (huggingface/nanotron at 9055c664, 2025-01, the build the Ultra-Scale playbook ran; the same lines
+# at HEAD 2411b022): LlamaModel.forward_with_hidden_states casts the lm_head's 16-bit vocab-parallel logits to fp32
+# (`cast_to_fp32` = `x.float()`, src/nanotron/models/llama.py:874-876, 909) and Loss.forward passes them to
+# sharded_cross_entropy with dtype=torch.float (:971-973, a no-op cast), whose _ShardedCrossEntropy.forward subtracts
+# the max out of place (`sharded_logits - logits_max.unsqueeze(dim=-1)`,
+# src/nanotron/parallel/tensor_parallel/functional.py:43) and exponentiates/normalises that copy in place (:74, :82)
+# to save it as the softmax (:85). The fp32 logits stay referenced by LlamaForTraining.forward while the loss runs:
+# 4 + 4 = 8 B per logit allocated at the loss's forward, the step's peak on the stage holding the head (all of the
+# micro-batch's activations are still stored then). The 16-bit logits (2 B) are freed when forward_with_hidden_states
+# returns (the fp32 cast saves nothing for its backward); their block stays cached, so a reserved-memory peak can
+# hold 10 B, which is the caching allocator's, not counted here.
+NANOTRON_CE_LOGIT_BYTES = 8.0
+
+
+def nanotron_stage_layers(layers: int, pp: int, *, hidden: int, attn_width: int, ffn: int,
+                          vocab: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage as nanotron places them (huggingface/nanotron at 9055c664,
+    src/nanotron/models/base.py:216-236 build_model): every PipelineBlock in module order gets the current rank, and
+    the rank advances once the cumulative cost exceeds rank_threshold = total x (rank + 1) / pp, so a stage takes
+    blocks until it passes its share, the one passing included. Costs (src/nanotron/models/llama.py:913-924
+    get_block_compute_costs): a decoder layer 4 x heads x head_dim x hidden + 3 x ffn x hidden, the lm_head
+    (TensorParallelColumnLinear) vocab x hidden, every other block (embedding, final norm, the fp32 cast, the loss)
+    0. The head's cost makes the split front-loaded: Llama-1B-like (16 layers, head = 4 layers' cost) over 8 stages
+    gives the first stage 3 layers, not 2. Stages after the last layer hold 0 (only the head)."""
+    if pp < 1 or layers < 1:
+        raise PerfPredictError(f"nanotron_stage_layers needs pp >= 1 and layers >= 1, got pp={pp}, layers={layers}")
+    layer = 4.0 * attn_width * hidden + 3.0 * ffn * hidden
+    # (cost, is a decoder layer) in LlamaModel's block order: embedding, layers, final norm, lm_head, cast, loss.
+    blocks = [(0.0, False)] + [(layer, True)] * layers + [(0.0, False), (float(vocab) * hidden, False),
+                                                          (0.0, False), (0.0, False)]
+    total = sum(cost for cost, _ in blocks)
+    counts = [0] * pp
+    rank, cum = 0, 0.0
+    for cost, is_layer in blocks:
+        cum += cost
+        counts[rank] += is_layer
+        if rank < pp - 1 and cum > total * ((rank + 1) / pp):  # nanotron's thresholds, same float order
+            rank += 1
+    return tuple(counts)
+
+
 @dataclass(frozen=True)
 class Runtime:
     """How a distributed runtime behaves while it trains: the rules the descriptors (features.compute, .memory,
@@ -372,6 +413,12 @@ class Runtime:
     reduce_every_microbatch_from_zero: int | None = None
     overlaps_grad_reduce: bool = True  # gradient reduction overlaps the backward by default
     fused_vocab_ce: bool = False  # vocab-parallel fused cross entropy (fp32 softmax only), not HF's logits path
+    # Bytes per vocab-parallel logit alive at the loss's forward (fused_vocab_ce runtimes): Megatron's fused loss keeps
+    # the fp32 softmax (6 with the 16-bit logits); nanotron's, see NANOTRON_CE_LOGIT_BYTES.
+    vocab_ce_logit_bytes: float = 6.0
+    # The runtime splits layers over pipeline stages by its own compute-cost rule (nanotron_stage_layers) when the
+    # plan gives no split.
+    cost_balanced_stages: bool = False
     zero2_keeps_unsharded: bool = False  # ZeRO-2 keeps the whole unsharded model from forward to backward (FSDP)
     ddp_buckets_at_zero0: bool = False  # torch DDP's gradient buckets at zero 0 over dp > 1 without tp/pp
     # A live reference is sharded like the policy from this ZeRO stage on (0: always; None: a full replica)
@@ -431,7 +478,8 @@ class Runtime:
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in [
     Runtime("megatron", grad_reduce_fp32=True, grads_fp32=True, overlaps_grad_reduce=False, fused_vocab_ce=True),
-    Runtime("nanotron", grad_reduce_fp32=True, grads_fp32=True, fused_vocab_ce=True),
+    Runtime("nanotron", grad_reduce_fp32=True, grads_fp32=True, fused_vocab_ce=True,
+            vocab_ce_logit_bytes=NANOTRON_CE_LOGIT_BYTES, cost_balanced_stages=True),
     Runtime("deepspeed", master_clone_from_zero=1, reduce_every_microbatch_from_zero=2, reference_sharded_from_zero=3,
             zero3_reuse_distance=True, own_grad_buffers=True, engine_step_host_work=True, zero3_prefetch_buckets=True,
             offload_16bit_host_buffer=True, step_fp32_grad_copy_from_zero=1,

@@ -35,7 +35,9 @@ class Plan:
     virtual_stages: int = 1
     ep: int = 1  # expert parallelism (MoE): expert groups carved out of dp
     param_offload: bool = False  # ZeRO-3 offload_param (ZeRO-Infinity): parameters live in host memory
-    stage_layers: tuple[int, ...] = ()  # layers per pipeline stage, first to last; () = an even split
+    # layers per pipeline stage, first to last; () = the framework's default: even, nanotron's own cost rule
+    # (core.frameworks.nanotron_stage_layers)
+    stage_layers: tuple[int, ...] = ()
     # The LM head and its loss run fused in chunks (Liger-Kernel's fused linear cross entropy: TRL/transformers
     # `use_liger_kernel`, ms-swift `--use_liger_kernel`): the full-vocabulary logits are never materialised.
     fused_head: bool = False

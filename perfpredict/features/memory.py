@@ -63,6 +63,18 @@ def optimizer_rule(field: str) -> pl.Expr:
     return c("w_optimizer").replace_strict(values, default=None, return_dtype=dtype)
 
 
+def runtime_value(field: str) -> pl.Expr:
+    """A numeric core.frameworks.Runtime field per row, by its runtime (d_runtime); the field's default for a row
+    whose runtime is not in the table."""
+    from dataclasses import fields
+
+    from perfpredict.core.frameworks import RUNTIMES, Runtime
+
+    default = next(f.default for f in fields(Runtime) if f.name == field)
+    return c("d_runtime").replace_strict({n: float(getattr(r, field)) for n, r in RUNTIMES.items()},
+                                         default=float(default), return_dtype=pl.Float64)
+
+
 def stage_layout(df: pl.DataFrame) -> pl.DataFrame:
     """Layers on the first, the last and the fullest pipeline stage, and how many micro-batches the fullest
     middle stage keeps in flight. Even splits: layers/pp everywhere; uneven ones (p_stage_layers) as the
@@ -70,11 +82,40 @@ def stage_layout(df: pl.DataFrame) -> pl.DataFrame:
     even = c("m_layers").cast(pl.Float64) / c("p_pp")
     parts = c("p_stage_layers").str.split(",").list.eval(pl.element().cast(pl.Int64, strict=False))
     uneven = c("p_stage_layers") != ""
+    # No split given: the runtime's own. nanotron balances its pipeline blocks by compute cost, head included
+    # (core.frameworks.nanotron_stage_layers), so its first stages hold more layers than layers/pp.
+    own = runtime_is(lambda r: r.cost_balanced_stages) & ~uneven & (c("p_pp") > 1)
+    df = df.with_columns(_own_split=own)
+    df = df.with_columns(_split=_cost_split(df))
+    parts = pl.when(c("_own_split")).then(c("_split")).otherwise(parts)
+    uneven = uneven | c("_own_split")
     return df.with_columns(
         d_layers_first=pl.when(uneven).then(parts.list.first().cast(pl.Float64)).otherwise(even),
         d_layers_last=pl.when(uneven).then(parts.list.last().cast(pl.Float64)).otherwise(even),
         d_layers_max=pl.when(uneven).then(parts.list.max().cast(pl.Float64)).otherwise(even),
-    )
+    ).drop("_own_split", "_split")
+
+
+def _cost_split(df: pl.DataFrame) -> pl.Series:
+    """core.frameworks.nanotron_stage_layers for each row flagged _own_split (an empty list elsewhere), computed
+    once per distinct shape."""
+    from perfpredict.core.frameworks import nanotron_stage_layers
+
+    keys = ("m_layers", "p_pp", "m_hidden", "m_heads", "m_head_dim", "m_ffn", "m_vocab")
+    rows = df.select(*keys, "_own_split")
+    memo: dict[tuple, list[int]] = {}
+    out = []
+    for r in rows.iter_rows():
+        if not r[-1]:
+            out.append([])
+            continue
+        k = r[:-1]
+        if k not in memo:
+            layers, pp, h, heads, hd, ffn, vocab = (int(x or 0) for x in k)
+            width = heads * hd if heads and hd else h  # a row without a head_dim: attention as wide as the model
+            memo[k] = list(nanotron_stage_layers(layers, pp, hidden=h, attn_width=width, ffn=ffn, vocab=vocab))
+        out.append(memo[k])
+    return pl.Series("_split", out, dtype=pl.List(pl.Int64))
 
 
 def expert_parallel(df: pl.DataFrame) -> pl.DataFrame:
@@ -226,10 +267,11 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     # Full recompute re-materialises one layer's activations during its backward.
     recompute_transient = pl.when(c("p_recompute") == "full").then(full_layer).otherwise(0.0)
     v = c("m_vocab").cast(pl.Float64)
-    # Output logits: transformers' path (HF_LOGIT_BYTES, plus what soft-capping keeps); Megatron/nanotron's fused
-    # vocab-parallel cross entropy keeps the fp32 softmax only.
+    # Output logits: transformers' path (HF_LOGIT_BYTES, plus what soft-capping keeps); a vocab-parallel loss what its
+    # runtime holds at the loss's forward (Runtime.vocab_ce_logit_bytes: Megatron's fused loss the fp32 softmax
+    # beside the 16-bit logits, 6; nanotron's the fp32 cast and the loss's max-subtracted fp32 copy, 8).
     hf = runtime_is(lambda r: not r.fused_vocab_ce)
-    logit_bpe = pl.when(hf).then(HF_LOGIT_BYTES + softcap_kept_bytes()).otherwise(6.0)
+    logit_bpe = pl.when(hf).then(HF_LOGIT_BYTES + softcap_kept_bytes()).otherwise(runtime_value("vocab_ce_logit_bytes"))
     logits = pl.when(c("p_fused_head")).then(fused_head_bytes(s * b, v / t, h)).otherwise(s * b * v / t * logit_bpe)
     # The second stage keeps one micro-batch fewer in flight under 1F1B; with an uneven split it may hold the most
     # layers (a middle stage), so it can be the peak rank.
