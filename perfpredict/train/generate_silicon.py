@@ -31,8 +31,13 @@ from perfpredict.core.catalog import get_gpu, get_model
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import kv_capacity
-from perfpredict.models.generate.engine import (Parallel, benchmark_ttft, host_step_overhead_s, roofline_tpot,
-                                                steady_state)
+from perfpredict.models.generate.engine import (
+    Parallel,
+    benchmark_ttft,
+    host_step_overhead_s,
+    roofline_tpot,
+    steady_state,
+)
 from perfpredict.models.generate.silicon import SiliconKernels, covered_gpus
 
 E2E = Path("public") / "aiconfigurator_e2e"
