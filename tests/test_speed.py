@@ -239,3 +239,43 @@ def test_a_remembered_scenario_ranks_as_a_fresh_one(monkeypatch):
     for gb in (64, 128, 256):
         rank_plans(**{**args, "workload": Workload(objective="dpo", seq_len=2048, global_batch=gb)})
     assert len(rank_mod._scenario_memo) == 2
+
+
+def test_mixture_bounds_equal_the_reference_bit_for_bit():
+    """models.stall.mixture_bounds (mixing rows only, both quantiles in one pass, spreads divided out before the
+    loop) gives _mixture_bounds_reference's numbers exactly, with rows of one regime (p 0 or 1) and NaN among them."""
+    from perfpredict.models.stall import _mixture_bounds_reference, mixture_bounds
+
+    rng = np.random.default_rng(1)
+    n = 2000
+    free = 10 ** rng.uniform(-1, 1.5, n)
+    lo, hi = free * rng.uniform(0.3, 1.0, n), free * rng.uniform(1.0, 3.0, n)
+    stall = rng.uniform(0, 20, n) * (rng.random(n) < 0.9)
+    p = rng.uniform(0, 1, n)
+    p[:200], p[200:260], p[260:270], p[270:300] = 0.0, 1.0, np.nan, 1e-9
+    args = (free, lo, hi, free + stall, lo + 0.5 * stall, hi + 2.0 * stall, p)
+    for fast, ref in zip(mixture_bounds(*args), _mixture_bounds_reference(*args), strict=True):
+        np.testing.assert_array_equal(fast, ref)
+    none = mixture_bounds(*(a[:0] for a in args))
+    assert none[0].shape == none[1].shape == (0,)
+
+
+def test_remembered_layout_probes_enumerate_as_fresh_ones(monkeypatch):
+    """features.plans._layout_probe's per-process memo: the same plans and the same rejection counts, in the same
+    order, as probing every layout anew."""
+    import perfpredict.features.plans as plans_mod
+
+    model, cluster, workload, space = SCENARIOS["mixtral-8xa100"]
+    plans_mod._LAYOUT_PROBES.clear()
+    runs = []
+    for _ in range(2):  # probed, then remembered
+        rej = Rejections()
+        runs.append((plan_columns_frame(model, cluster, workload, space, rej), rej.counts))
+    assert plans_mod._LAYOUT_PROBES
+    plans_mod._LAYOUT_PROBES.clear()
+    monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # cleared at every new layout: each probed anew
+    rej = Rejections()
+    fresh = plan_columns_frame(model, cluster, workload, space, rej)
+    for frame, counts in runs:
+        assert_frame_equal(frame, fresh)
+        assert counts == rej.counts and list(counts) == list(rej.counts)
