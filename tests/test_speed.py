@@ -80,7 +80,8 @@ def test_neighbours_match_scipy():
 
 def _reference_path(monkeypatch):
     """Every shortcut swapped back for what it replaced: xgboost's predict, scipy's k-d tree, a composition of
-    every row, Plan objects, and corrections predicted on every row."""
+    every row, Plan objects and layouts probed anew, corrections predicted on every row, the stall mixture's
+    bounds bisected on every row."""
     from scipy.spatial import cKDTree
 
     from perfpredict.models.gb import xgboost_module
@@ -96,6 +97,13 @@ def _reference_path(monkeypatch):
     monkeypatch.setattr(compose_mod, "distinct_rows", lambda df, keys=None: (df, np.arange(df.height)))
     monkeypatch.setattr(rank_mod, "plan_columns_frame", lambda *a: plans_frame(*a[:3], list(enumerate_plans(*a)))
                         .select(pl.col("^p_.*$")))
+    import perfpredict.features.plans as plans_mod
+    import perfpredict.models.bundle as bundle_mod
+    from perfpredict.models.stall import _mixture_bounds_reference
+
+    monkeypatch.setattr(bundle_mod, "mixture_bounds", _mixture_bounds_reference)
+    monkeypatch.setattr(plans_mod, "_LAYOUT_PROBES", {})
+    monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # every layout probed anew
     real = plan_model.Correction.predict_log_ratio
     monkeypatch.setattr(plan_model.Correction, "predict_log_ratio", lambda self, df, where=None: real(self, df))
     monkeypatch.setattr(plan_model.Correction, "distance",

@@ -122,7 +122,6 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     ddp16 = as_loaded & ~c("w_master_fp32") & ~fp32
     w = pl.when(fp32).then(4.0).when(runtime_is(lambda r: r.weights_fp32)).then(4.0).when(as_loaded).then(
         pl.when(ddp16).then(2.0).otherwise(4.0)).otherwise(2.0)
-    g = pl.when(fp32 | runtime_is(lambda r: r.grads_fp32)).then(4.0).when(as_loaded).then(w).otherwise(2.0)
     # DeepSpeed's ZeRO optimizers clone their partition into a separate fp32 master tensor even when the model is fp32
     # (deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:560-561 `weights_partition = ...detach().clone().to(dtype=
     # self.master_weights_and_grads_dtype)`; stage3.py:1160/1172 `converted.clone().detach()`); stage 0 hands the
@@ -137,7 +136,15 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     # allocator (Optimizer.paged), so none of them count on the GPU.
     moment = optimizer_rule("moment_bytes").fill_null(pl.when(ddp16).then(2.0).otherwise(4.0))
     paged = optimizer_rule("paged").fill_null(False)
+    # The rules above as columns, each evaluated once: the expressions below read them several times over, and an
+    # eager with_columns evaluates a repeated expression each time it appears (no common-subexpression pass), which
+    # was most of this function's time in a ranking (the same numbers).
+    df = df.with_columns(_w=w, _master=master, _moment=moment, _paged=paged, _poff=params_on_host())
+    w, master, moment, paged = c("_w"), c("_master"), c("_moment"), c("_paged")
+    g = pl.when(fp32 | runtime_is(lambda r: r.grads_fp32)).then(4.0).when(as_loaded).then(w).otherwise(2.0)
     o = master + pl.when(paged).then(0.0).otherwise(2.0 * moment)
+    df = df.with_columns(_g=g, _o=o)
+    g, o = c("_g"), c("_o")
     z = c("p_zero")
     # Context-parallel ranks hold the same weights and join the gradient reduction: Megatron's distributed
     # optimizer shards over the data-parallel-with-context-parallel group, dp x cp.
@@ -148,7 +155,7 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     o_gpu = pl.when(c("p_offload")).then(0.0).otherwise(o_sh)
     # ZeRO-3 offload_param (ZeRO-Infinity) and FSDP's CPUOffload: parameters and their gradient partitions live in
     # host memory; the GPU holds only what is gathered for the layer at work (d_gathered_bytes).
-    poff = params_on_host()
+    poff = c("_poff")
     w_gpu = pl.when(poff).then(0.0).otherwise(w_sh)
     g_gpu = pl.when(poff).then(0.0).otherwise(g_sh)
     # Expert weights shard over the expert-data-parallel group, d/ep ranks, not d: a rank's ZeRO shard of its
@@ -163,7 +170,8 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
                            # what the optimizer step sees: every gradient of the shard (features.trl may lower
                            # d_grad_bpp where gradients and activations are not alive together) and the Adam
                            # moments' dtype (bf16 moments for a bf16-loaded model on plain torch)
-                           d_grad_bpp_step=g_gpu, d_moment_bytes=moment)
+                           d_grad_bpp_step=g_gpu, d_moment_bytes=moment
+                           ).drop("_w", "_master", "_moment", "_paged", "_poff", "_g", "_o")
 
 
 def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
