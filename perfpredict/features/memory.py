@@ -221,9 +221,13 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     a = c("m_heads").cast(pl.Float64)
     eager_scores = pl.when(c("p_eager_attention").fill_null(False)).then(
         6.0 * b * a / t * s * c("w_seq_len").cast(pl.Float64)).otherwise(0.0)
-    full_layer = sbh * (repl + c("d_act_shard_coef") / t) + eager_scores
+    # A layer's activations as columns, each evaluated once (the outputs below read them several times; an eager
+    # with_columns evaluates a repeated expression each time it appears: the same numbers, a third of the time).
+    df = df.with_columns(_sbh=sbh).with_columns(_full=c("_sbh") * (repl + c("d_act_shard_coef") / t) + eager_scores)
+    sbh, full_layer = c("_sbh"), c("_full")
     layer_input = pl.when(c("p_sp")).then(2.0 * sbh / t).otherwise(2.0 * sbh)
-    per_layer = pl.when(c("p_recompute") == "full").then(layer_input).otherwise(full_layer)
+    df = df.with_columns(_per_layer=pl.when(c("p_recompute") == "full").then(layer_input).otherwise(full_layer))
+    per_layer = c("_per_layer")
     pp = c("p_pp").cast(pl.Float64)
     m = c("p_grad_accum").cast(pl.Float64)
     inflight = (pl.when(c("p_pp") == 1).then(1.0)
@@ -244,6 +248,8 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     inflight_mid = (pl.when(c("p_pp") <= 2).then(0.0)
                     .when(c("p_schedule") == "gpipe").then(m)
                     .otherwise(pl.min_horizontal(pp - 1.0, m)))
+    df = df.with_columns(_inflight=inflight, _transient=recompute_transient)
+    inflight, recompute_transient = c("_inflight"), c("_transient")
     return df.with_columns(
         d_act_per_layer=per_layer,
         d_inflight_microbatches=inflight,
@@ -251,7 +257,7 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
         d_act_last=per_layer * c("d_layers_last") + recompute_transient,
         d_act_mid=per_layer * c("d_layers_max") * inflight_mid + recompute_transient,
         d_logits_bytes=logits,
-    )
+    ).drop("_sbh", "_full", "_per_layer", "_inflight", "_transient")
 
 
 def softcap_kept_bytes() -> pl.Expr:
