@@ -541,8 +541,15 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     gib = float(1 << 30)
     bpp = c("d_weight_bpp") + c("d_grad_bpp") + c("d_optim_bpp")
     experts = c("d_expert_params_layer_rank") * c("d_expert_state_bpp_extra")
-    states = {k: c(f"d_params_{k}") * bpp + c(f"d_layers_{'max' if k == 'mid' else k}") * experts
-              for k in ("first", "mid", "last")}
+    bpp_step = c("d_weight_bpp") + c("d_grad_bpp_step") + c("d_optim_bpp")
+    # Each stage's states (at the backward and at the optimizer step) and, below, each moment's total as columns,
+    # each evaluated once: the verdicts and parts below read them several times over, and an eager with_columns
+    # evaluates a repeated expression each time it appears (the same numbers).
+    df = df.with_columns(**{f"_states_{k}": c(f"d_params_{k}") * bpp + c(f"d_layers_{'max' if k == 'mid' else k}")
+                            * experts for k in ("first", "mid", "last")},
+                         **{f"_states_step_{k}": c(f"d_params_{k}") * bpp_step
+                            + c(f"d_layers_{'max' if k == 'mid' else k}") * experts for k in ("first", "mid", "last")})
+    states = {k: c(f"_states_{k}") for k in ("first", "mid", "last")}
     single = c("p_pp") == 1
     parts = {  # stage: (states, activations, logits, reference, other)
         "first": (states["first"], c("d_act_first"),
@@ -556,12 +563,12 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     # The optimizer step (optimizer_step): activations, logits, the reference's transient and the gathered
     # parameters are gone, every gradient of the shard is alive, and the step's own transients sit on top; its
     # transients are reported with "other".
-    bpp_step = c("d_weight_bpp") + c("d_grad_bpp_step") + c("d_optim_bpp")
-    at_step = {k: (c(f"d_params_{k}") * bpp_step + c(f"d_layers_{'max' if k == 'mid' else k}") * experts,
-                   pl.lit(0.0), pl.lit(0.0), c("d_ref_weight_bytes"),
+    at_step = {k: (c(f"_states_step_{k}"), pl.lit(0.0), pl.lit(0.0), c("d_ref_weight_bytes"),
                    c("d_ddp_bucket_bytes") + c("d_step_transient_bytes")) for k in ("first", "mid", "last")}
-    backward = {k: pl.sum_horizontal(*v) for k, v in parts.items()}
-    step = {k: pl.sum_horizontal(*v) for k, v in at_step.items()}
+    df = df.with_columns(**{f"_backward_{k}": pl.sum_horizontal(*v) for k, v in parts.items()},
+                         **{f"_step_{k}": pl.sum_horizontal(*v) for k, v in at_step.items()})
+    backward = {k: c(f"_backward_{k}") for k in parts}
+    step = {k: c(f"_step_{k}") for k in at_step}
     totals = {k: pl.max_horizontal(backward[k], step[k]) for k in parts}
     mid_counts = (c("p_pp") > 2).cast(pl.Float64)  # a middle stage exists
     df = df.with_columns(
@@ -584,13 +591,15 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     names = ("states", "act", "logits", "ref", "other")
     df = df.with_columns(**{f"d_peak_{n}_gib": pick(i) / gib for i, n in enumerate(names)})
     peak = pl.sum_horizontal(*[c(f"d_peak_{n}_gib") for n in names])
-    return df.drop("_first", "_mid", "_last").with_columns(
+    return df.with_columns(
         d_states_gib=pl.max_horizontal(states["first"], states["last"]) / gib,
         d_act_gib=pl.max_horizontal(c("d_act_first"), c("d_act_last")) / gib,
         d_logits_gib=c("d_logits_bytes") / gib,
         d_ref_gib=(c("d_ref_weight_bytes") + c("d_ref_transient_bytes")) / gib,
         d_mem_gib=peak,
-    ).with_columns(d_mem_frac=c("d_mem_gib") / c("g_memory_gib"))
+    ).with_columns(d_mem_frac=c("d_mem_gib") / c("g_memory_gib")).drop(
+        "_first", "_mid", "_last", *[f"_{w}_{k}" for w in ("states", "states_step", "backward", "step")
+                                     for k in ("first", "mid", "last")])
 
 
 def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:
