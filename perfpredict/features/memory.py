@@ -521,6 +521,9 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
                  + pl.when(accumulates).then(w16).otherwise(0.0)
                  + pl.when(params_on_host()).then(weights)
                  .otherwise(0.0))
+    # evaluated once (read twice below; an eager with_columns evaluates a repeated expression each time)
+    df = df.with_columns(_per_param=per_param)
+    per_param = c("_per_param")
     d = (c("p_dp") * c("p_cp")).cast(pl.Float64)
     shard = pl.when(c("p_zero") >= 1).then(d).otherwise(1.0)
     de = pl.when(c("p_zero") >= 1).then(pl.max_horizontal(d / c("p_ep").cast(pl.Float64), pl.lit(1.0))).otherwise(1.0)
@@ -528,9 +531,11 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
     offloaded = pl.when(c("p_offload")).then(
         c("d_params_rank") * per_param / shard + experts * per_param * (1.0 / de - 1.0 / shard)).otherwise(0.0)
     ref = pl.when(c("w_reference") == "offloaded").then(c("d_params_rank") * 2.0).otherwise(0.0)
-    rank = offloaded + ref
+    df = df.with_columns(_rank=offloaded + ref)
+    rank = c("_rank")
     return df.with_columns(d_host_ram_rank_gib=rank / gib,
-                           d_host_ram_node_gib=rank * pl.min_horizontal(c("c_gpus_per_node"), c("c_gpus")) / gib)
+                           d_host_ram_node_gib=rank * pl.min_horizontal(c("c_gpus_per_node"), c("c_gpus")) / gib
+                           ).drop("_per_param", "_rank")
 
 
 def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
