@@ -19,7 +19,8 @@ from perfpredict.core.catalog import get_gpu, get_model
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.generate import GenLayout, GenScenario, GenWorkload
 from perfpredict.core.hardware import Cluster
-from perfpredict.models.generate.engine import Parallel, steady_state
+from perfpredict.models.generate.compose import GPU_STEP_OVERHEAD_S
+from perfpredict.models.generate.engine import Parallel, host_step_overhead_s, steady_state
 from perfpredict.models.generate.silicon import SiliconKernels, covered_gpus
 from perfpredict.predictor.generate.predict import predict_generation
 
@@ -77,7 +78,7 @@ def test_ttft_of_grouped_returns_matches_low_concurrency_vllm_runs():
     df, _ = load_runs("datasets")
     d = predict_runs(df.filter((pl.col("backend") == "vllm") & (pl.col("batch_size") <= 16)), "datasets")
     meas = d["silicon_ttft_ms"].to_numpy() / 1e3
-    grouped = float(np.median(meas / d["pred_ttft_s"].to_numpy()))
+    grouped = float(np.median(meas / d["grouped_ttft_s"].to_numpy()))
     random = float(np.median(meas / d["random_ttft_s"].to_numpy()))
     assert d.height > 150 and 0.85 < grouped < 1.25 and random > 1.5, (grouped, random)
 
@@ -171,10 +172,15 @@ def test_evaluate_silicon_cli_reports_held_out_errors_and_layout_choice(tmp_path
     res = json.loads(out.read_text())
     assert res["rows"] > 1000
     comp = res["composition"]
-    # docs/generate-accuracy.md: dense 15.2 %, MoE 20.0 % (26.3 % before the block-FP8 experts); TTFT composed
-    # alone 52 / 34 % (74 / 62 % with the random-arrival steady state).
-    assert comp["dense"]["throughput_mape"] < 0.17 and comp["moe"]["throughput_mape"] < 0.23
-    assert comp["dense"]["ttft_mape"] < 0.6 and comp["moe"]["ttft_mape"] < 0.4
+    # docs/generate-accuracy.md: dense 14.4 % (15.2 % before vLLM 0.12's host gap per step), MoE 19.7 % (26.3 %
+    # before the block-FP8 experts). TTFT composed alone 54 / 50 % (the InferenceX runs' random-arrival base is short
+    # without the opening burst's share), with the correction held out by model 35.9 / 23.6 % (48.3 / 27.8 % with
+    # the grouped returns for every harness).
+    assert comp["dense"]["throughput_mape"] < 0.15 and comp["moe"]["throughput_mape"] < 0.21
+    assert comp["dense"]["tpot_mape"] < 0.155
+    assert comp["dense"]["ttft_mape"] < 0.6 and comp["moe"]["ttft_mape"] < 0.55
+    held = res["held_out_model"]["errors"]
+    assert res["correction_used"]["ttft"] and held["dense"]["ttft_mape"] < 0.40 and held["moe"]["ttft_mape"] < 0.25
     assert comp["dense"]["throughput_mape"] < comp["dense"]["roofline_throughput_mape"]
     lay = res["layout_composition"]
     assert lay["pred_within_5pct"] >= lay["rule_within_5pct"] and lay["pred_within_5pct"] >= 0.85
@@ -279,5 +285,20 @@ def test_sglang_ttft_is_the_prefill_first_burst():
                                & (pl.col("backend_version") == "0.5.1.post1")), "datasets")
     meas = d["silicon_ttft_ms"].to_numpy() / 1e3
     stepped = float(np.median(meas / d["bench_ttft_s"].to_numpy()))
-    grouped = float(np.median(meas / d["pred_ttft_s"].to_numpy()))
+    grouped = float(np.median(meas / d["grouped_ttft_s"].to_numpy()))
     assert d.height >= 70 and 0.9 < stepped < 1.4 and grouped > 3, (d.height, stepped, grouped)
+
+
+def test_host_gap_per_step_only_where_the_engine_version_does_not_overlap_it():
+    # vLLM turned async scheduling on by default in 0.14.0; SGLang and TensorRT-LLM overlap by default; unknown or
+    # nightly versions take the composition's default (none).
+    assert host_step_overhead_s("vllm", "0.12.0") == GPU_STEP_OVERHEAD_S
+    for engine, version in (("vllm", "0.14.0"), ("vllm", "0.19.0"), ("vllm", None),
+                            ("vllm", "nightly-5b8c30d62b754b57"), ("sglang", "0.5.1.post1"), ("trtllm", "1.0.0rc3")):
+        assert host_step_overhead_s(engine, version) == 0.0, (engine, version)
+    k = SiliconKernels.for_gpu(H100)
+    m, gpu = get_model("llama-3.1-8b"), get_gpu(H100)
+    kw = dict(concurrency=32, input_len=1024, output_len=1024, max_num_batched_tokens=8192)
+    a = steady_state(k, m, gpu, Parallel(tp=1), overhead_s=0.0, **kw)
+    b = steady_state(k, m, gpu, Parallel(tp=1), overhead_s=host_step_overhead_s("vllm", "0.12.0"), **kw)
+    assert b.tpot_s - a.tpot_s == pytest.approx(GPU_STEP_OVERHEAD_S)

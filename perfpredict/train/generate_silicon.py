@@ -31,7 +31,8 @@ from perfpredict.core.catalog import get_gpu, get_model
 from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import kv_capacity
-from perfpredict.models.generate.engine import Parallel, benchmark_ttft, roofline_tpot, steady_state
+from perfpredict.models.generate.engine import (Parallel, benchmark_ttft, host_step_overhead_s, roofline_tpot,
+                                                steady_state)
 from perfpredict.models.generate.silicon import SiliconKernels, covered_gpus
 
 E2E = Path("public") / "aiconfigurator_e2e"
@@ -43,6 +44,16 @@ BATCHED_TOKENS = 8192
 # Engines whose scheduler runs a waiting prompt's prefill before any decode step (SGLang: Scheduler.
 # get_next_batch_to_run, "Run prefill first if possible"); vLLM and TensorRT-LLM mix prompt chunks into decode steps.
 PREFILL_FIRST = {"sglang"}
+# The client each run's harness used (runs.csv `harness`, from the source's provenance text; docs/generate-accuracy.md,
+# issue 20 sixth pass). InferenceX's runs (its database dump and CSV exports) come from vLLM's benchmark_serving.py
+# at `--num-prompts 10c --max-concurrency c --random-range-ratio` (SemiAnalysisAI/InferenceX benchmarks/single_node/
+# minimaxm2.5_fp8_b200.sh, benchmarks/70b_fp8_h200_slurm.sh; NVIDIA replays them with random_range_ratio 0.8 and
+# 10c requests, ai-dynamo/aisimulate scripts/e2e_accuracy/run_e2e_accuracy.py replay_spec): lengths drawn per
+# request, so requests finish out of step and a new one meets the running set at a random point of its decode, the
+# random-arrival steady state (SteadyState.ttft_s). NVIDIA's gap-analysis runs state no client; AIConfigurator's own
+# benchmark scripts run AIPerf with fixed lengths (tests/baseline/precutover_ref/sglang_dense_agg/bench_run.sh:
+# --isl-stddev 0 --osl-stddev 0), taken for them: the grouped returns (SteadyState.wave_ttft_s).
+RANDOM_LENGTH_HARNESSES = {"inferencex"}
 
 
 def model_specs(data: Path) -> dict[str, ModelSpec]:
@@ -108,7 +119,8 @@ def parallel_of(r: dict[str, Any], m: ModelSpec) -> Parallel:
 
 
 def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
-    """Composition-only TPOT / TTFT (seconds, zero step overhead: the correction adds it) and the roofline TPOT."""
+    """Composition-only TPOT / TTFT (seconds; host time per step only where the engine's version leaves it between
+    GPU steps: engine.host_step_overhead_s) and the roofline TPOT."""
     specs = model_specs(data)
     out = []
     for r in df.iter_rows(named=True):
@@ -118,7 +130,8 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         par = parallel_of(r, m)
         cap = replica_kv(m, r)
         s = steady_state(k, m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"],
-                         max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"], overhead_s=0.0,
+                         max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"],
+                         overhead_s=host_step_overhead_s(r["backend"], r["backend_version"]),
                          kv_pool_tokens=cap.pool_tokens if cap.fits else None)
         roof = roofline_tpot(m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"])
         # The benchmark stepped as the engine schedules it (AIPerf's 20 rounds, vLLM's chunked budget, SGLang's
@@ -129,11 +142,12 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
                                budget_tokens=BATCHED_TOKENS, decode_step_s=s.decode_tpot_s,
                                prefill_token_s=s.prefill_per_prompt_s * par.pp / r["isl"],
                                prefill_first=r["backend"] in PREFILL_FIRST)
-        # TTFT composed as the benchmark runs: fixed isl / osl at a fixed concurrency, so the requests come back
-        # in the groups the opening burst formed (engine.wave_ttft); the random-arrival steady state is kept
-        # beside it for the record (it was the composition's TTFT until issue 20's TTFT item: 70 % vs 46 %).
+        # TTFT composed as the benchmark runs: with fixed isl / osl at a fixed concurrency the requests come back
+        # in the groups the opening burst formed (engine.wave_ttft); with lengths drawn per request (InferenceX's
+        # client) they run out of step, the random-arrival steady state (RANDOM_LENGTH_HARNESSES).
         out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": s.tpot_s,
-                    "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "pred_ttft_s": s.wave_ttft_s,
+                    "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "grouped_ttft_s": s.wave_ttft_s,
+                    "pred_ttft_s": s.ttft_s if r.get("harness") in RANDOM_LENGTH_HARNESSES else s.wave_ttft_s,
                     "random_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s, "roof_tpot_s": roof,
                     "prefill_steps": s.prefill_steps, "bench_ttft_s": bench,
                     "prefill_token_s": s.prefill_per_prompt_s * par.pp / r["isl"]})
@@ -384,7 +398,7 @@ def ttft_ratios(comp: pl.DataFrame) -> list[dict[str, Any]]:
     if comp.height == 0:
         return []
     d = comp.with_columns(
-        r=pl.col("silicon_ttft_ms") / 1e3 / pl.col("pred_ttft_s"),
+        r=pl.col("silicon_ttft_ms") / 1e3 / pl.col("grouped_ttft_s"),
         rb=pl.col("silicon_ttft_ms") / 1e3 / pl.col("burst_ttft_s"),
         rs=pl.col("silicon_ttft_ms") / 1e3 / pl.col("bench_ttft_s"),
         c_max=pl.col("batch_size").map_elements(

@@ -33,17 +33,40 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfpredict.core.errors import require
+from perfpredict.core.errors import PerfPredictError, require
 from perfpredict.core.hardware import GPUSpec
 from perfpredict.core.model import ModelSpec
-from perfpredict.features.generate import kv_heads_per_rank
+from perfpredict.features.generate import kv_heads_per_rank, parse_vllm_version
 from perfpredict.features.generate import stage_layers as stage_layer_counts
+from perfpredict.models.generate.compose import GPU_STEP_OVERHEAD_S
 from perfpredict.models.generate.silicon import SiliconKernels
 
 # Host work per engine step not seen in kernel times (scheduler, input preparation, sampling). vLLM V1 overlaps it
 # with the GPU (async scheduling, CUDA graphs); on the silicon runs a fitted per-step overhead traded against the
 # kernel scale and lost on every held-out split (train.generate_silicon), so the composition carries none.
 STEP_OVERHEAD_S = {"vllm": 0.0, "sglang": 0.0, "trtllm": 0.0}
+# ...except where the engine, at its version's defaults, does not overlap it. vLLM turned async scheduling on by
+# default in 0.14.0 (vllm#27614; vllm/config/vllm.py, VllmConfig: "elif self.scheduler_config.async_scheduling is
+# None: # Enable async scheduling unless there is an incompatible option"); before it the default Scheduler and
+# one batch in flight (executor max_concurrent_batches = 2 only with async_scheduling) run schedule -> execute ->
+# update_from_output one after the other, so the host's work per step sits between GPU steps. SGLang's overlap
+# scheduler (server_args.py disable_overlap_schedule = False) and TensorRT-LLM's (llm_args.py
+# disable_overlap_scheduler = False) are on by default in every version the silicon runs name. An unknown version
+# is taken as overlapped (the composition's default).
+VLLM_ASYNC_SCHEDULING_DEFAULT = (0, 14, 0)
+
+
+def host_step_overhead_s(engine: str, version: str | None) -> float:
+    """Host time per engine step left between GPU steps at the engine's defaults: the project's stated per-step
+    estimate (models.generate.compose.GPU_STEP_OVERHEAD_S, not fitted to any run) for vLLM before 0.14, else
+    STEP_OVERHEAD_S."""
+    if engine == "vllm" and version:
+        try:
+            if parse_vllm_version(version) < VLLM_ASYNC_SCHEDULING_DEFAULT:
+                return GPU_STEP_OVERHEAD_S
+        except PerfPredictError:  # nightly builds and other non-release tags: the default
+            pass
+    return STEP_OVERHEAD_S.get(engine, 0.0)
 # The host's round trip per scheduled batch (update_from_output, schedule, broadcast to the workers): the stated
 # estimate the roofline composition uses (models.generate.compose.GPU_STEP_OVERHEAD_S). With pipeline parallelism
 # vLLM keeps exactly pp batches in flight (vllm/config/vllm.py max_concurrent_batches: "PP requires PP-size

@@ -160,7 +160,7 @@ class SiliconKernels:
             extra = head_dim / hd
         else:
             extra = 1.0
-        pairs = d.select("heads", "kv_heads").unique()
+        pairs = d.select("heads", "kv_heads").unique().sort("heads", "kv_heads")
         hv, kv = pairs["heads"].to_numpy(), pairs["kv_heads"].to_numpy()
         cost = np.abs(np.log(hv / heads)) + 2 * np.abs(np.log(kv / kv_heads))
         i = int(np.argmin(cost))
@@ -206,7 +206,10 @@ class SiliconKernels:
             # law of exponent 1.01, which real routers come close to.
             dist = "power_law_1.01" if (m["distribution"] == "power_law_1.01").any() else "balanced"
             m = m.filter(pl.col("distribution") == dist)
-        shapes = m.select("dtype", "hidden", "inter", "topk", "experts").unique()
+        # Sorted: polars' unique() returns rows in no fixed order, and a tie in the nearest-shape cost below would
+        # otherwise pick a different kernel from one process to the next.
+        shapes = m.select("dtype", "hidden", "inter", "topk", "experts").unique().sort(
+            "dtype", "hidden", "inter", "topk", "experts")
         if shapes.height == 0:
             return None
         # The stated format's own kernels first: per-tensor FP8 and block FP8 run different expert kernels (a run
@@ -227,7 +230,7 @@ class SiliconKernels:
         c = m.filter((pl.col("dtype") == s["dtype"]) & (pl.col("hidden") == s["hidden"]) &
                      (pl.col("inter") == s["inter"]) & (pl.col("topk") == s["topk"]) &
                      (pl.col("experts") == s["experts"]))
-        par = c.select("moe_tp", "moe_ep").unique()
+        par = c.select("moe_tp", "moe_ep").unique().sort("moe_tp", "moe_ep")
         pc = np.abs(np.log(par["moe_tp"].to_numpy() / tp)) + np.abs(np.log(par["moe_ep"].to_numpy() / ep))
         j = int(np.argmin(pc))
         t0, e0 = int(par["moe_tp"][j]), int(par["moe_ep"][j])

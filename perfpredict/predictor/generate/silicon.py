@@ -29,6 +29,7 @@ from perfpredict.models.generate.engine import (
     Parallel,
     SteadyState,
     decode_breakdown,
+    host_step_overhead_s,
     steady_state,
 )
 from perfpredict.models.generate.silicon import SiliconKernels
@@ -97,7 +98,7 @@ def silicon_prediction(sc: GenScenario) -> SiliconPrediction | None:
     mns = lay.max_num_seqs or default_max_num_seqs(gpu, world)
     s = steady_state(k, m, gpu, par, concurrency=R, input_len=w.input_len, output_len=w.output_len,
                      max_num_batched_tokens=mbt, engine=engine, max_num_seqs=mns, kv_pool_tokens=cap.pool_tokens,
-                     computed_prompt=computed)
+                     computed_prompt=computed, overhead_s=host_step_overhead_s(engine, version))
     # The first running set prefills at once; every later prompt's chunks ride in decode steps.
     decode = R * w.output_len * s.decode_tpot_s / s.concurrency
     wall = s.first_wave_s + decode + max(R - s.concurrency, 0.0) * s.prefill_per_prompt_s
