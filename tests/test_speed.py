@@ -103,6 +103,7 @@ def _reference_path(monkeypatch):
 
     monkeypatch.setattr(bundle_mod, "mixture_bounds", _mixture_bounds_reference)
     monkeypatch.setattr(plans_mod, "_LAYOUT_PROBES", {})
+    monkeypatch.setattr(plans_mod, "_INTERLEAVED", {})
     monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # every layout probed anew
     real = plan_model.Correction.predict_log_ratio
     monkeypatch.setattr(plan_model.Correction, "predict_log_ratio", lambda self, df, where=None: real(self, df))
@@ -268,20 +269,23 @@ def test_mixture_bounds_equal_the_reference_bit_for_bit():
     assert none[0].shape == none[1].shape == (0,)
 
 
-def test_remembered_layout_probes_enumerate_as_fresh_ones(monkeypatch):
-    """features.plans._layout_probe's per-process memo: the same plans and the same rejection counts, in the same
-    order, as probing every layout anew."""
+@pytest.mark.parametrize("name", ["mixtral-8xa100", "3b-128xh100-pp"])
+def test_remembered_layout_probes_enumerate_as_fresh_ones(name, monkeypatch):
+    """features.plans' per-process memos (_layout_probe's layouts, _schedules' interleaved refusals): the same
+    plans and the same rejection counts, in the same order, as probing every layout anew."""
     import perfpredict.features.plans as plans_mod
 
-    model, cluster, workload, space = SCENARIOS["mixtral-8xa100"]
+    model, cluster, workload, space = SCENARIOS[name]
     plans_mod._LAYOUT_PROBES.clear()
+    plans_mod._INTERLEAVED.clear()
     runs = []
     for _ in range(2):  # probed, then remembered
         rej = Rejections()
         runs.append((plan_columns_frame(model, cluster, workload, space, rej), rej.counts))
-    assert plans_mod._LAYOUT_PROBES
+    assert plans_mod._LAYOUT_PROBES and plans_mod._INTERLEAVED
     plans_mod._LAYOUT_PROBES.clear()
-    monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # cleared at every new layout: each probed anew
+    plans_mod._INTERLEAVED.clear()
+    monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # cleared at every new entry: each probed anew
     rej = Rejections()
     fresh = plan_columns_frame(model, cluster, workload, space, rej)
     for frame, counts in runs:

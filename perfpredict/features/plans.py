@@ -172,12 +172,23 @@ def _schedules(cap: Capability, base: Plan, model: ModelSpec, grad_accum: int,
             out.append((sched, 1, None))
             continue
         v = space.interleaved_stages
-        probe = replace(base, schedule=sched, virtual_stages=v)
-        # The layers-per-stage rule is counted before the micro-batch rule (refusal checks them the other way
-        # round): the first probe runs a micro-batch count every pipeline accepts.
-        r = refusal(replace(probe, grad_accum=base.pp), model) or refusal(replace(probe, grad_accum=grad_accum))
-        out.append(("interleaved", v, r.tally if r else None))
+        # Remembered per process like the layout probes (_layout_probe): the answer reads the plan, the capability
+        # table and, of the model, its layers and experts (core.frameworks._model_refusal; its name only words the
+        # reason, and the tally is what is kept).
+        key = (base, grad_accum, v, model.layers, model.experts)
+        if key not in _INTERLEAVED:
+            probe = replace(base, schedule=sched, virtual_stages=v)
+            # The layers-per-stage rule is counted before the micro-batch rule (refusal checks them the other way
+            # round): the first probe runs a micro-batch count every pipeline accepts.
+            r = refusal(replace(probe, grad_accum=base.pp), model) or refusal(replace(probe, grad_accum=grad_accum))
+            if len(_INTERLEAVED) >= LAYOUT_PROBE_MEMO:
+                _INTERLEAVED.clear()
+            _INTERLEAVED[key] = r.tally if r else None
+        out.append(("interleaved", v, _INTERLEAVED[key]))
     return out
+
+
+_INTERLEAVED: dict[tuple, str | None] = {}  # _schedules' interleaved refusal tallies (LAYOUT_PROBE_MEMO entries)
 
 
 def _ep_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejections) -> tuple[int, ...]:
