@@ -80,7 +80,8 @@ def test_neighbours_match_scipy():
 
 def _reference_path(monkeypatch):
     """Every shortcut swapped back for what it replaced: xgboost's predict, scipy's k-d tree, a composition of
-    every row, Plan objects, and corrections predicted on every row."""
+    every row, Plan objects and layouts probed anew, corrections predicted on every row, the stall mixture's
+    bounds bisected on every row."""
     from scipy.spatial import cKDTree
 
     from perfpredict.models.gb import xgboost_module
@@ -96,6 +97,14 @@ def _reference_path(monkeypatch):
     monkeypatch.setattr(compose_mod, "distinct_rows", lambda df, keys=None: (df, np.arange(df.height)))
     monkeypatch.setattr(rank_mod, "plan_columns_frame", lambda *a: plans_frame(*a[:3], list(enumerate_plans(*a)))
                         .select(pl.col("^p_.*$")))
+    import perfpredict.features.plans as plans_mod
+    import perfpredict.models.bundle as bundle_mod
+    from perfpredict.models.stall import _mixture_bounds_reference
+
+    monkeypatch.setattr(bundle_mod, "mixture_bounds", _mixture_bounds_reference)
+    monkeypatch.setattr(plans_mod, "_LAYOUT_PROBES", {})
+    monkeypatch.setattr(plans_mod, "_INTERLEAVED", {})
+    monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # every layout probed anew
     real = plan_model.Correction.predict_log_ratio
     monkeypatch.setattr(plan_model.Correction, "predict_log_ratio", lambda self, df, where=None: real(self, df))
     monkeypatch.setattr(plan_model.Correction, "distance",
@@ -239,3 +248,46 @@ def test_a_remembered_scenario_ranks_as_a_fresh_one(monkeypatch):
     for gb in (64, 128, 256):
         rank_plans(**{**args, "workload": Workload(objective="dpo", seq_len=2048, global_batch=gb)})
     assert len(rank_mod._scenario_memo) == 2
+
+
+def test_mixture_bounds_equal_the_reference_bit_for_bit():
+    """models.stall.mixture_bounds (mixing rows only, both quantiles in one pass, spreads divided out before the
+    loop) gives _mixture_bounds_reference's numbers exactly, with rows of one regime (p 0 or 1) and NaN among them."""
+    from perfpredict.models.stall import _mixture_bounds_reference, mixture_bounds
+
+    rng = np.random.default_rng(1)
+    n = 2000
+    free = 10 ** rng.uniform(-1, 1.5, n)
+    lo, hi = free * rng.uniform(0.3, 1.0, n), free * rng.uniform(1.0, 3.0, n)
+    stall = rng.uniform(0, 20, n) * (rng.random(n) < 0.9)
+    p = rng.uniform(0, 1, n)
+    p[:200], p[200:260], p[260:270], p[270:300] = 0.0, 1.0, np.nan, 1e-9
+    args = (free, lo, hi, free + stall, lo + 0.5 * stall, hi + 2.0 * stall, p)
+    for fast, ref in zip(mixture_bounds(*args), _mixture_bounds_reference(*args), strict=True):
+        np.testing.assert_array_equal(fast, ref)
+    none = mixture_bounds(*(a[:0] for a in args))
+    assert none[0].shape == none[1].shape == (0,)
+
+
+@pytest.mark.parametrize("name", ["mixtral-8xa100", "3b-128xh100-pp"])
+def test_remembered_layout_probes_enumerate_as_fresh_ones(name, monkeypatch):
+    """features.plans' per-process memos (_layout_probe's layouts, _schedules' interleaved refusals): the same
+    plans and the same rejection counts, in the same order, as probing every layout anew."""
+    import perfpredict.features.plans as plans_mod
+
+    model, cluster, workload, space = SCENARIOS[name]
+    plans_mod._LAYOUT_PROBES.clear()
+    plans_mod._INTERLEAVED.clear()
+    runs = []
+    for _ in range(2):  # probed, then remembered
+        rej = Rejections()
+        runs.append((plan_columns_frame(model, cluster, workload, space, rej), rej.counts))
+    assert plans_mod._LAYOUT_PROBES and plans_mod._INTERLEAVED
+    plans_mod._LAYOUT_PROBES.clear()
+    plans_mod._INTERLEAVED.clear()
+    monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # cleared at every new entry: each probed anew
+    rej = Rejections()
+    fresh = plan_columns_frame(model, cluster, workload, space, rej)
+    for frame, counts in runs:
+        assert_frame_equal(frame, fresh)
+        assert counts == rej.counts and list(counts) == list(rej.counts)

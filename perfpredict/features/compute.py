@@ -142,28 +142,32 @@ def flops(df: pl.DataFrame) -> pl.DataFrame:
 def communication(df: pl.DataFrame) -> pl.DataFrame:
     """Bytes each rank moves per step, by group, as a ring moves them (all-reduce 2(n-1)/n of the buffer,
     all-gather and reduce-scatter (n-1)/n)."""
-    act_b = compute_bytes()
+    m = c("p_grad_accum").cast(pl.Float64)
+    grad_b = pl.when(runtime_is(lambda r: r.grad_reduce_fp32)
+                     | (runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32"))).then(4.0).otherwise(compute_bytes())
+    # Gradient sync: all-reduce (zero 0) = reduce-scatter + all-gather of updated params (zero 1/2); DeepSpeed
+    # ZeRO-2/3 and FSDP reduce every micro-batch, Megatron/nanotron once per step; FSDP under transformers'
+    # Trainer once per step too (its no_sync, core.frameworks Runtime.no_sync_keeps_unsharded_grads).
+    per_mb_sync = runtime_from_zero("reduce_every_microbatch_from_zero") & ~no_sync_unsharded_grads()
+    syncs = pl.when(per_mb_sync).then(m).otherwise(1.0)
+    # Rules read several times below, as columns evaluated once (an eager with_columns evaluates a repeated
+    # expression each time it appears; the same numbers).
+    df = df.with_columns(_act_b=compute_bytes(), _fwd=forward_passes(), _grad_b=grad_b, _syncs=syncs,
+                         _w32=runtime_is(lambda r: r.weights_fp32), _poh=params_on_host())
+    act_b, grad_b, syncs = c("_act_b"), c("_grad_b"), c("_syncs")
     s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
     b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
     sbh = s * b * c("m_hidden") * act_b
-    m = c("p_grad_accum").cast(pl.Float64)
     layers = c("d_layers_max")  # the fullest pipeline stage sets the pace
     t = c("p_tp").cast(pl.Float64)
     d = (c("p_dp") * c("p_cp")).cast(pl.Float64)  # gradients reduce over dp x cp (same weights)
     ring_ar_t = 2.0 * (t - 1.0) / t
     # Megatron TP: two all-reduces per forward pass and two backward per layer (or AG+RS pairs with SP, same
     # volume); full recompute and the reference forward are forward passes too.
-    tp_colls = 2.0 * forward_passes() + 2.0
+    tp_colls = 2.0 * c("_fwd") + 2.0
     tp_bytes = m * layers * tp_colls * sbh * ring_ar_t
-    grad_b = pl.when(runtime_is(lambda r: r.grad_reduce_fp32)
-                     | (runtime_is(lambda r: r.params_as_loaded) & c("w_master_fp32"))).then(4.0).otherwise(compute_bytes())
     ring_d = (d - 1.0) / d
     params = c("d_params_rank")
-    # Gradient sync: all-reduce (zero 0) = reduce-scatter + all-gather of updated params (zero 1/2); DeepSpeed
-    # ZeRO-2/3 and FSDP reduce every micro-batch, Megatron/nanotron once per step; FSDP under transformers'
-    # Trainer once per step too (its no_sync, core.frameworks Runtime.no_sync_keeps_unsharded_grads).
-    per_mb_sync = runtime_from_zero("reduce_every_microbatch_from_zero") & ~no_sync_unsharded_grads()
-    syncs = pl.when(per_mb_sync).then(m).otherwise(1.0)
     grad_sync = params * grad_b * ring_d * pl.when(c("p_zero") == 0).then(2.0).otherwise(1.0) * syncs
     param_gather = pl.when(c("p_zero").is_in([1, 2])).then(params * 2.0 * ring_d).otherwise(0.0)
     ref_gathers = pl.when(c("w_reference").is_in(["live"]) & (c("p_zero") >= 3)).then(1.0).otherwise(0.0)
@@ -182,7 +186,7 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # Trainer.reference_swap_copies) moves them three times per step, in their resident dtype and shard (FSDP2:
     # the fp32 shard); otherwise an offloaded reference streams its 16-bit weights in once.
     copies = _swap_copies()
-    resident = params * pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(2.0) / pl.when(
+    resident = params * pl.when(c("_w32")).then(4.0).otherwise(2.0) / pl.when(
         runtime_from_zero("reference_sharded_from_zero")).then(d).otherwise(1.0)
     ref_swap = pl.when(c("w_reference") == "offloaded").then(
         pl.when(copies > 0).then(copies * resident).otherwise(params * 2.0)).otherwise(0.0)
@@ -190,14 +194,14 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # shard from the host for the forward and again for the backward (and the live reference's forward), in the
     # dtype the shard is kept in (FSDP's fp32 sharded parameters, DeepSpeed's 16-bit partitions).
     shard = params / pl.when(c("p_zero") >= 3).then(d).otherwise(1.0)
-    fetched = pl.when(runtime_is(lambda r: r.weights_fp32)).then(4.0).otherwise(compute_bytes())
-    param_fetch = pl.when(params_on_host()).then(
+    fetched = pl.when(c("_w32")).then(4.0).otherwise(act_b)
+    param_fetch = pl.when(c("_poh")).then(
         shard * fetched * m * (2.0 + c("w_reference").is_in(["live"]).cast(pl.Float64))).otherwise(0.0)
     # Expert parallelism: every MoE layer dispatches its tokens' top-k copies to the experts' ranks and combines
     # them back (an all-to-all each way), in every forward pass and again in the backward.
     ep = c("p_ep").cast(pl.Float64)
     ep_bytes = pl.when(ep > 1).then(
-        m * layers * (2.0 * forward_passes() + 2.0) * sbh * c("m_experts_per_token") / sp_div_ep() * (ep - 1.0) / ep
+        m * layers * (2.0 * c("_fwd") + 2.0) * sbh * c("m_experts_per_token") / sp_div_ep() * (ep - 1.0) / ep
     ).otherwise(0.0)
     n_colls = (m * layers * tp_colls * pl.when(c("p_tp") > 1).then(1.0).otherwise(0.0)
                + pl.when(d > 1).then(syncs * 20.0 + pl.when(c("p_zero") >= 3).then(m * 2.0 * layers).otherwise(0.0)).otherwise(0.0)
@@ -206,7 +210,8 @@ def communication(df: pl.DataFrame) -> pl.DataFrame:
     # kernel composition uses the same ones.
     return df.with_columns(d_grad_bytes_per_param=grad_b, d_dp_syncs=syncs, d_tp_colls_per_layer=tp_colls,
                            d_tp_bytes=tp_bytes, d_dp_bytes=dp_bytes, d_pp_bytes=pp_bytes, d_cp_bytes=cp_bytes,
-                           d_ep_bytes=ep_bytes, d_host_bytes=offload + ref_swap + param_fetch, d_cpu_optim_s=cpu_adam, d_collectives=n_colls)
+                           d_ep_bytes=ep_bytes, d_host_bytes=offload + ref_swap + param_fetch, d_cpu_optim_s=cpu_adam,
+                           d_collectives=n_colls).drop("_act_b", "_fwd", "_grad_b", "_syncs", "_w32", "_poh")
 
 
 def placement(df: pl.DataFrame) -> pl.DataFrame:

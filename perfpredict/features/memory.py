@@ -163,7 +163,6 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     ddp16 = as_loaded & ~c("w_master_fp32") & ~fp32
     w = pl.when(fp32).then(4.0).when(runtime_is(lambda r: r.weights_fp32)).then(4.0).when(as_loaded).then(
         pl.when(ddp16).then(2.0).otherwise(4.0)).otherwise(2.0)
-    g = pl.when(fp32 | runtime_is(lambda r: r.grads_fp32)).then(4.0).when(as_loaded).then(w).otherwise(2.0)
     # DeepSpeed's ZeRO optimizers clone their partition into a separate fp32 master tensor even when the model is fp32
     # (deepspeed 0.19.8 runtime/zero/stage_1_and_2.py:560-561 `weights_partition = ...detach().clone().to(dtype=
     # self.master_weights_and_grads_dtype)`; stage3.py:1160/1172 `converted.clone().detach()`); stage 0 hands the
@@ -178,7 +177,15 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     # allocator (Optimizer.paged), so none of them count on the GPU.
     moment = optimizer_rule("moment_bytes").fill_null(pl.when(ddp16).then(2.0).otherwise(4.0))
     paged = optimizer_rule("paged").fill_null(False)
+    # The rules above as columns, each evaluated once: the expressions below read them several times over, and an
+    # eager with_columns evaluates a repeated expression each time it appears (no common-subexpression pass), which
+    # was most of this function's time in a ranking (the same numbers).
+    df = df.with_columns(_w=w, _master=master, _moment=moment, _paged=paged, _poff=params_on_host())
+    w, master, moment, paged = c("_w"), c("_master"), c("_moment"), c("_paged")
+    g = pl.when(fp32 | runtime_is(lambda r: r.grads_fp32)).then(4.0).when(as_loaded).then(w).otherwise(2.0)
     o = master + pl.when(paged).then(0.0).otherwise(2.0 * moment)
+    df = df.with_columns(_g=g, _o=o)
+    g, o = c("_g"), c("_o")
     z = c("p_zero")
     # Context-parallel ranks hold the same weights and join the gradient reduction: Megatron's distributed
     # optimizer shards over the data-parallel-with-context-parallel group, dp x cp.
@@ -189,7 +196,7 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
     o_gpu = pl.when(c("p_offload")).then(0.0).otherwise(o_sh)
     # ZeRO-3 offload_param (ZeRO-Infinity) and FSDP's CPUOffload: parameters and their gradient partitions live in
     # host memory; the GPU holds only what is gathered for the layer at work (d_gathered_bytes).
-    poff = params_on_host()
+    poff = c("_poff")
     w_gpu = pl.when(poff).then(0.0).otherwise(w_sh)
     g_gpu = pl.when(poff).then(0.0).otherwise(g_sh)
     # Expert weights shard over the expert-data-parallel group, d/ep ranks, not d: a rank's ZeRO shard of its
@@ -204,7 +211,8 @@ def state_bytes_per_param(df: pl.DataFrame) -> pl.DataFrame:
                            # what the optimizer step sees: every gradient of the shard (features.trl may lower
                            # d_grad_bpp where gradients and activations are not alive together) and the Adam
                            # moments' dtype (bf16 moments for a bf16-loaded model on plain torch)
-                           d_grad_bpp_step=g_gpu, d_moment_bytes=moment)
+                           d_grad_bpp_step=g_gpu, d_moment_bytes=moment
+                           ).drop("_w", "_master", "_moment", "_paged", "_poff", "_g", "_o")
 
 
 def activation_coefficients(df: pl.DataFrame) -> pl.DataFrame:
@@ -254,9 +262,13 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     a = c("m_heads").cast(pl.Float64)
     eager_scores = pl.when(c("p_eager_attention").fill_null(False)).then(
         6.0 * b * a / t * s * c("w_seq_len").cast(pl.Float64)).otherwise(0.0)
-    full_layer = sbh * (repl + c("d_act_shard_coef") / t) + eager_scores
+    # A layer's activations as columns, each evaluated once (the outputs below read them several times; an eager
+    # with_columns evaluates a repeated expression each time it appears: the same numbers, a third of the time).
+    df = df.with_columns(_sbh=sbh).with_columns(_full=c("_sbh") * (repl + c("d_act_shard_coef") / t) + eager_scores)
+    sbh, full_layer = c("_sbh"), c("_full")
     layer_input = pl.when(c("p_sp")).then(2.0 * sbh / t).otherwise(2.0 * sbh)
-    per_layer = pl.when(c("p_recompute") == "full").then(layer_input).otherwise(full_layer)
+    df = df.with_columns(_per_layer=pl.when(c("p_recompute") == "full").then(layer_input).otherwise(full_layer))
+    per_layer = c("_per_layer")
     pp = c("p_pp").cast(pl.Float64)
     m = c("p_grad_accum").cast(pl.Float64)
     inflight = (pl.when(c("p_pp") == 1).then(1.0)
@@ -278,6 +290,8 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     inflight_mid = (pl.when(c("p_pp") <= 2).then(0.0)
                     .when(c("p_schedule") == "gpipe").then(m)
                     .otherwise(pl.min_horizontal(pp - 1.0, m)))
+    df = df.with_columns(_inflight=inflight, _transient=recompute_transient)
+    inflight, recompute_transient = c("_inflight"), c("_transient")
     return df.with_columns(
         d_act_per_layer=per_layer,
         d_inflight_microbatches=inflight,
@@ -285,7 +299,7 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
         d_act_last=per_layer * c("d_layers_last") + recompute_transient,
         d_act_mid=per_layer * c("d_layers_max") * inflight_mid + recompute_transient,
         d_logits_bytes=logits,
-    )
+    ).drop("_sbh", "_full", "_per_layer", "_inflight", "_transient")
 
 
 def softcap_kept_bytes() -> pl.Expr:
@@ -549,6 +563,9 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
                  + pl.when(accumulates).then(w16).otherwise(0.0)
                  + pl.when(params_on_host()).then(weights)
                  .otherwise(0.0))
+    # evaluated once (read twice below; an eager with_columns evaluates a repeated expression each time)
+    df = df.with_columns(_per_param=per_param)
+    per_param = c("_per_param")
     d = (c("p_dp") * c("p_cp")).cast(pl.Float64)
     shard = pl.when(c("p_zero") >= 1).then(d).otherwise(1.0)
     de = pl.when(c("p_zero") >= 1).then(pl.max_horizontal(d / c("p_ep").cast(pl.Float64), pl.lit(1.0))).otherwise(1.0)
@@ -556,9 +573,11 @@ def host_memory(df: pl.DataFrame) -> pl.DataFrame:
     offloaded = pl.when(c("p_offload")).then(
         c("d_params_rank") * per_param / shard + experts * per_param * (1.0 / de - 1.0 / shard)).otherwise(0.0)
     ref = pl.when(c("w_reference") == "offloaded").then(c("d_params_rank") * 2.0).otherwise(0.0)
-    rank = offloaded + ref
+    df = df.with_columns(_rank=offloaded + ref)
+    rank = c("_rank")
     return df.with_columns(d_host_ram_rank_gib=rank / gib,
-                           d_host_ram_node_gib=rank * pl.min_horizontal(c("c_gpus_per_node"), c("c_gpus")) / gib)
+                           d_host_ram_node_gib=rank * pl.min_horizontal(c("c_gpus_per_node"), c("c_gpus")) / gib
+                           ).drop("_per_param", "_rank")
 
 
 def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
@@ -569,8 +588,15 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     gib = float(1 << 30)
     bpp = c("d_weight_bpp") + c("d_grad_bpp") + c("d_optim_bpp")
     experts = c("d_expert_params_layer_rank") * c("d_expert_state_bpp_extra")
-    states = {k: c(f"d_params_{k}") * bpp + c(f"d_layers_{'max' if k == 'mid' else k}") * experts
-              for k in ("first", "mid", "last")}
+    bpp_step = c("d_weight_bpp") + c("d_grad_bpp_step") + c("d_optim_bpp")
+    # Each stage's states (at the backward and at the optimizer step) and, below, each moment's total as columns,
+    # each evaluated once: the verdicts and parts below read them several times over, and an eager with_columns
+    # evaluates a repeated expression each time it appears (the same numbers).
+    df = df.with_columns(**{f"_states_{k}": c(f"d_params_{k}") * bpp + c(f"d_layers_{'max' if k == 'mid' else k}")
+                            * experts for k in ("first", "mid", "last")},
+                         **{f"_states_step_{k}": c(f"d_params_{k}") * bpp_step
+                            + c(f"d_layers_{'max' if k == 'mid' else k}") * experts for k in ("first", "mid", "last")})
+    states = {k: c(f"_states_{k}") for k in ("first", "mid", "last")}
     single = c("p_pp") == 1
     parts = {  # stage: (states, activations, logits, reference, other)
         "first": (states["first"], c("d_act_first"),
@@ -584,12 +610,12 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     # The optimizer step (optimizer_step): activations, logits, the reference's transient and the gathered
     # parameters are gone, every gradient of the shard is alive, and the step's own transients sit on top; its
     # transients are reported with "other".
-    bpp_step = c("d_weight_bpp") + c("d_grad_bpp_step") + c("d_optim_bpp")
-    at_step = {k: (c(f"d_params_{k}") * bpp_step + c(f"d_layers_{'max' if k == 'mid' else k}") * experts,
-                   pl.lit(0.0), pl.lit(0.0), c("d_ref_weight_bytes"),
+    at_step = {k: (c(f"_states_step_{k}"), pl.lit(0.0), pl.lit(0.0), c("d_ref_weight_bytes"),
                    c("d_ddp_bucket_bytes") + c("d_step_transient_bytes")) for k in ("first", "mid", "last")}
-    backward = {k: pl.sum_horizontal(*v) for k, v in parts.items()}
-    step = {k: pl.sum_horizontal(*v) for k, v in at_step.items()}
+    df = df.with_columns(**{f"_backward_{k}": pl.sum_horizontal(*v) for k, v in parts.items()},
+                         **{f"_step_{k}": pl.sum_horizontal(*v) for k, v in at_step.items()})
+    backward = {k: c(f"_backward_{k}") for k in parts}
+    step = {k: c(f"_step_{k}") for k in at_step}
     totals = {k: pl.max_horizontal(backward[k], step[k]) for k in parts}
     mid_counts = (c("p_pp") > 2).cast(pl.Float64)  # a middle stage exists
     df = df.with_columns(
@@ -612,13 +638,15 @@ def peak_memory(df: pl.DataFrame) -> pl.DataFrame:
     names = ("states", "act", "logits", "ref", "other")
     df = df.with_columns(**{f"d_peak_{n}_gib": pick(i) / gib for i, n in enumerate(names)})
     peak = pl.sum_horizontal(*[c(f"d_peak_{n}_gib") for n in names])
-    return df.drop("_first", "_mid", "_last").with_columns(
+    return df.with_columns(
         d_states_gib=pl.max_horizontal(states["first"], states["last"]) / gib,
         d_act_gib=pl.max_horizontal(c("d_act_first"), c("d_act_last")) / gib,
         d_logits_gib=c("d_logits_bytes") / gib,
         d_ref_gib=(c("d_ref_weight_bytes") + c("d_ref_transient_bytes")) / gib,
         d_mem_gib=peak,
-    ).with_columns(d_mem_frac=c("d_mem_gib") / c("g_memory_gib"))
+    ).with_columns(d_mem_frac=c("d_mem_gib") / c("g_memory_gib")).drop(
+        "_first", "_mid", "_last", *[f"_{w}_{k}" for w in ("states", "states_step", "backward", "step")
+                                     for k in ("first", "mid", "last")])
 
 
 def memory_descriptors(df: pl.DataFrame) -> pl.DataFrame:

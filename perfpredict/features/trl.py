@@ -162,13 +162,17 @@ def head_passes(df: pl.DataFrame) -> pl.DataFrame:
     - d_extra_fwd_passes: layer forwards beyond policy + recompute + reference (KTO's no-grad KL forward, its
       reference's second pass)."""
     live = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
-    trl = is_trl() & c("w_objective").is_in(list(TRAINERS))
-    fused = _fused()
-    nograd = _rule("nograd_policy_seqs", 0.0)
-    ref_mult = (_rule("ref_seqs", 2.0) / _rule("grad_seqs", 2.0))  # reference sequences per policy sequence
+    # The trainer's rules as columns, each evaluated once (read several times below; an eager with_columns evaluates
+    # a repeated expression each time it appears: the same numbers).
+    df = df.with_columns(_trl=is_trl() & c("w_objective").is_in(list(TRAINERS)), _fused=_fused(),
+                         _nograd=_rule("nograd_policy_seqs", 0.0),
+                         _ref_mult=_rule("ref_seqs", 2.0) / _rule("grad_seqs", 2.0))  # reference seqs per policy seq
+    trl, fused, nograd, ref_mult = c("_trl"), c("_fused"), c("_nograd"), c("_ref_mult")
     extra_fwd = pl.when(trl).then(nograd + live * (ref_mult - 1.0)).otherwise(0.0)
-    ref_fwd = live * pl.when(trl).then(ref_mult).otherwise(1.0)
-    fwd = 1.0 + ref_fwd + pl.when(trl).then(nograd).otherwise(0.0)
+    df = df.with_columns(_ref_fwd=live * pl.when(trl).then(ref_mult).otherwise(1.0))
+    ref_fwd = c("_ref_fwd")
+    df = df.with_columns(_fwd=1.0 + ref_fwd + pl.when(trl).then(nograd).otherwise(0.0))
+    fwd = c("_fwd")
     # The fused head's fold without Triton (CPU) is torch elementwise work over [N, V] several times over
     # (_forward_tile / _backward_tile): replayed on this CPU against F.cross_entropy forward+backward over the same
     # [N, V] (N 258-2032, V 2k-32k), the policy's fold costs 3.6-5.6 of those beyond its four tile GEMMs, a no-grad
@@ -186,7 +190,7 @@ def head_passes(df: pl.DataFrame) -> pl.DataFrame:
         # ZeRO-3 runs its fetch/release hooks on every module with parameters in each of them (compose).
         d_layer_passes=pl.when(trl).then(
             fwd + 1.0 + (c("p_recompute") == "full").cast(pl.Float64)).otherwise(0.0),
-    )
+    ).drop("_trl", "_fused", "_nograd", "_ref_mult", "_ref_fwd", "_fwd")
 
 
 def trl_memory(df: pl.DataFrame) -> pl.DataFrame:

@@ -162,7 +162,7 @@ class Bundle:
             # as it is: no regime split is known there.
             scope = self.stall.in_scope(df)
             free = np.where(scope, free, t)
-            p_stall = self.stall.proba(df)
+            p_stall = self.stall.proba(df, scope)
             s, s_lo, s_hi = (np.where(scope, v, 0.0) for v in self.stall.stall_s(df))
             stalled = free + s
             expected = free + p_stall * s

@@ -172,7 +172,12 @@ class Correction:
         kept = self._kept("_last_X", df)
         if kept is not None:
             return kept
-        X = self.features(df).fill_nan(0.0).fill_null(0.0).to_numpy().astype(float)
+        f = self.features(df)
+        # NaN and null read as 0: one select where every feature is a float (as the featurizers build them), else
+        # the frame-wide fills (which pass non-float columns by)
+        f = (f.select(pl.all().fill_nan(0.0).fill_null(0.0)) if all(t == pl.Float64 for t in f.dtypes)
+             else f.fill_nan(0.0).fill_null(0.0))
+        X = f.to_numpy().astype(float)
         X.flags.writeable = False
         self._last_X = (weakref.ref(df), df.height, X)
         return X
