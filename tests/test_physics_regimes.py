@@ -159,7 +159,7 @@ class _FixedRisk(StallModel):
         self.__dict__.update(base.__dict__)
         self.p = p
 
-    def proba(self, df: pl.DataFrame) -> np.ndarray:
+    def proba(self, df: pl.DataFrame, scope: np.ndarray | None = None) -> np.ndarray:
         return np.full(df.height, self.p)
 
 
