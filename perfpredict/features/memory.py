@@ -97,24 +97,23 @@ def stage_layout(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _cost_split(df: pl.DataFrame) -> pl.Series:
-    """core.frameworks.nanotron_stage_layers for each row flagged _own_split (an empty list elsewhere), computed
-    once per distinct shape."""
+    """core.frameworks.nanotron_stage_layers for each row flagged _own_split (null elsewhere, where stage_layout
+    does not read it), computed once per distinct shape. Only the flagged rows are read: a ranking's thousands of
+    other plans (every DPO ranking: nanotron runs no DPO) cost no Python loop."""
     from perfpredict.core.frameworks import nanotron_stage_layers
 
+    flagged = df["_own_split"].fill_null(False).arg_true().to_list()
+    out: list[list[int] | None] = [None] * df.height
+    if not flagged:
+        return pl.Series("_split", out, dtype=pl.List(pl.Int64))
     keys = ("m_layers", "p_pp", "m_hidden", "m_heads", "m_head_dim", "m_ffn", "m_vocab")
-    rows = df.select(*keys, "_own_split")
     memo: dict[tuple, list[int]] = {}
-    out = []
-    for r in rows.iter_rows():
-        if not r[-1]:
-            out.append([])
-            continue
-        k = r[:-1]
+    for i, k in zip(flagged, df[flagged].select(*keys).iter_rows(), strict=True):
         if k not in memo:
             layers, pp, h, heads, hd, ffn, vocab = (int(x or 0) for x in k)
             width = heads * hd if heads and hd else h  # a row without a head_dim: attention as wide as the model
             memo[k] = list(nanotron_stage_layers(layers, pp, hidden=h, attn_width=width, ffn=ffn, vocab=vocab))
-        out.append(memo[k])
+        out[i] = memo[k]
     return pl.Series("_split", out, dtype=pl.List(pl.Int64))
 
 
