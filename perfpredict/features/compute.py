@@ -35,6 +35,18 @@ def params_on_host() -> pl.Expr:
     return c("p_param_offload") | (c("p_offload") & runtime_is(lambda r: r.offload_moves_params))
 
 
+def runtime_value(field: str) -> pl.Expr:
+    """A numeric core.frameworks.Runtime field per row, by its runtime (d_runtime); the field's default for a row
+    whose runtime is not in the table."""
+    from dataclasses import fields
+
+    from perfpredict.core.frameworks import RUNTIMES, Runtime
+
+    default = next(f.default for f in fields(Runtime) if f.name == field)
+    return c("d_runtime").replace_strict({n: float(getattr(r, field)) for n, r in RUNTIMES.items()},
+                                         default=float(default), return_dtype=pl.Float64)
+
+
 def runtime_from_zero(field: str) -> pl.Expr:
     """Rows whose runtime's `field` (a ZeRO stage or None in the runtime table) is set and reached by p_zero."""
     from perfpredict.core.frameworks import RUNTIMES

@@ -16,6 +16,7 @@ from perfpredict.features.compute import (
     params_on_host,
     runtime_from_zero,
     runtime_is,
+    runtime_value,
 )
 
 c = pl.col
@@ -61,18 +62,6 @@ def optimizer_rule(field: str) -> pl.Expr:
     values = {n: getattr(o, field) for n, o in OPTIMIZERS.items() if getattr(o, field) is not None}
     dtype = pl.Boolean if all(isinstance(v, bool) for v in values.values()) else pl.Float64
     return c("w_optimizer").replace_strict(values, default=None, return_dtype=dtype)
-
-
-def runtime_value(field: str) -> pl.Expr:
-    """A numeric core.frameworks.Runtime field per row, by its runtime (d_runtime); the field's default for a row
-    whose runtime is not in the table."""
-    from dataclasses import fields
-
-    from perfpredict.core.frameworks import RUNTIMES, Runtime
-
-    default = next(f.default for f in fields(Runtime) if f.name == field)
-    return c("d_runtime").replace_strict({n: float(getattr(r, field)) for n, r in RUNTIMES.items()},
-                                         default=float(default), return_dtype=pl.Float64)
 
 
 def stage_layout(df: pl.DataFrame) -> pl.DataFrame:
