@@ -107,6 +107,35 @@ def test_a_domain_measured_on_a_few_rows_gets_no_correction(monkeypatch):
     assert corr.weight(sparse)[0] == 0.0 and corr.predict(sparse)[0] == 1.0
 
 
+def test_a_borrowed_spread_is_widened_by_how_far_borrowed_spreads_missed_on_the_measured_keys():
+    """Issue 21 item 1: a key never measured borrows its nearest keys' composition spread, widened by the transfer
+    margin: each measured key treated as unmeasured, the share of its residuals outside the spread it would have
+    borrowed, each side's (1 + coverage) / 2 quantile with every key weighing the same. Where the families' biases
+    differ, a new family's runs are then covered about as often as the interval says; a measured key keeps its own
+    spread; with one measured key there is nothing to measure the transfer on (no margin); old bundles read none."""
+    rng = np.random.default_rng(11)
+    # Three measured families on a GPU class whose compositions are biased differently (0, +0.1, -0.06 in log10).
+    fams = {"3d:gpu": 0.0, "zero:gpu": 0.1, "moe:gpu": -0.06}
+    keys = [k for k in fams for _ in range(400)]
+    comp = np.concatenate([rng.normal(b, 0.04, 400) for b in fams.values()])
+    iv = Intervals().fit(keys, comp, comp, oof_weight=np.zeros(len(comp)))
+    assert iv.transfer_["hi"] > 0.03 and iv.transfer_["lo"] > 0.03
+    # A fourth family, biased like the measured ones differ: covered about as often as stated, not half of it.
+    new = rng.normal(0.1, 0.04, 2000)
+    lo, hi = iv.bounds(["nano:gpu"] * new.size, np.zeros(new.size))
+    covered = np.mean((lo <= new) & (new <= hi))
+    plain = np.mean((min(iv.outside_keys_["3d:gpu"][0], 0) <= new) & (new <= max(iv.outside_keys_["3d:gpu"][1], 0)))
+    assert plain < 0.6 < 0.85 <= covered
+    assert hi[0] - lo[0] < np.log10(3.0)  # still an interval a user can act on
+    # A measured key keeps its own spread.
+    lo, hi = iv.bounds(["zero:gpu"], np.zeros(1))
+    assert (lo[0], hi[0]) == pytest.approx((min(iv.outside_keys_["zero:gpu"][0], 0), iv.outside_keys_["zero:gpu"][1]))
+    assert Intervals.from_dict(iv.to_dict()).transfer_ == iv.transfer_
+    assert Intervals().fit(["3d:gpu"] * 100, comp[:100], comp[:100]).transfer_ == {}
+    old = {k: v for k, v in iv.to_dict().items() if k != "transfer"}
+    assert Intervals.from_dict(old).transfer_ == {}
+
+
 def test_never_probed_hardware_gets_its_own_wider_interval_per_device_class():
     rng = np.random.default_rng(3)
     keys = ["3d:h100-sxm-80gb:single-node"] * 200
@@ -143,15 +172,19 @@ def test_intervals_use_applicable_residuals_inside_and_the_nearest_measured_comp
     assert width[0] < 0.15 < width[1]  # applicable: the corrected spread; weight 0: the composition's in a
     assert (lo[2], hi[2]) == pytest.approx(iv.outside_keys_[b])  # no applicable residual in b: its own spread
     assert hi[3] > hi[2] + 0.1  # the cross-node pipeline key has its own (shifted, wider) spread
+    # A key never measured borrows its nearest keys' spread, widened by the transfer margin (Intervals.transfer_).
+    def lent(lo_hi: tuple[float, float]) -> tuple[float, float]:
+        return min(lo_hi[0], 0.0) - iv.transfer_["lo"], max(lo_hi[1], 0.0) + iv.transfer_["hi"]
+
     # Another family on a measured GPU: that GPU's measured keys of its regime (b, not the cross-node stalls).
-    assert (lo[4], hi[4]) == pytest.approx(iv.outside_keys_[b])
-    assert (lo[5], hi[5]) == pytest.approx(iv.outside_keys_[ppx])  # a cross-node pipeline: the nearest such key
+    assert (lo[4], hi[4]) == pytest.approx(lent(iv.outside_keys_[b]))
+    assert (lo[5], hi[5]) == pytest.approx(lent(iv.outside_keys_[ppx]))  # a cross-node pipeline: the nearest such
     # A GPU never measured, a family never measured: the GPU key of its regime and node count (a), never the CPU's.
-    assert (lo[6], hi[6]) == pytest.approx(iv.outside_keys_[a])
+    assert (lo[6], hi[6]) == pytest.approx(lent(iv.outside_keys_[a]))
     assert hi[6] < iv.outside_keys_[cpu][1]
     # A regime never seen: its own domain's keys (the widest of them).
-    assert (lo[7], hi[7]) == pytest.approx((min(iv.outside_keys_[b][0], iv.outside_keys_[ppx][0]),
-                                            max(iv.outside_keys_[b][1], iv.outside_keys_[ppx][1])))
+    assert (lo[7], hi[7]) == pytest.approx(lent((min(iv.outside_keys_[b][0], iv.outside_keys_[ppx][0]),
+                                                 max(iv.outside_keys_[b][1], iv.outside_keys_[ppx][1]))))
     back = Intervals.from_dict(iv.to_dict())
     assert np.allclose(back.bounds([ppx], np.ones(1))[1], hi[3])
 
@@ -282,7 +315,9 @@ def test_memory_intervals_are_per_framework_family_and_device_never_pooled_over_
     lo, hi = iv.bounds(keys, np.zeros(len(keys)))
     assert (lo[0], hi[0]) == pytest.approx(iv.outside_keys_["zero:gpu"])
     assert hi[0] < iv.outside_keys_["3d:gpu"][1] - 0.2
-    assert (lo[3], hi[3]) == pytest.approx(iv.outside_keys_["zero:gpu"])  # TRL on a GPU: its kin's spread
+    # TRL on a GPU: its kin's spread (widened by the transfer margin, as every borrowed spread)
+    zlo, zhi = iv.outside_keys_["zero:gpu"]
+    assert (lo[3], hi[3]) == pytest.approx((min(zlo, 0.0) - iv.transfer_["lo"], max(zhi, 0.0) + iv.transfer_["hi"]))
     legacy = Intervals.from_dict({"inside": {"gpu": [-0.1, 0.2]}, "domain": {"gpu": [-0.1, 0.2]},
                                   "outside_keys": {"gpu": [0.0, 0.3]}})
     lo, hi = legacy.bounds(["zero:gpu"], np.ones(1))

@@ -379,6 +379,7 @@ def conformal_quantiles(log_residuals: np.ndarray, coverage: float = 0.9) -> tup
 PPX_SUFFIX = "|pp-cross-node"
 APPLICABLE = 0.5  # out-of-fold weight from which a residual says how good the correction is where it applies
 MIN_INTERVAL_ROWS = 20  # fewer residuals than this in a key: its bounds come from the next coarser level
+MIN_TRANSFER_KEYS = 2  # measured keys needed to measure how a borrowed spread transfers (Intervals._fit_transfer)
 
 
 def _base_key(key: str) -> str:
@@ -417,6 +418,29 @@ def _nearness(a: tuple, b: tuple) -> tuple[bool, ...]:
     return (a[4] != b[4], a[2] != b[2], not kin, a[0] != b[0], a[1] != b[1], a[3] != b[3])
 
 
+def _borrow(key: str, measured: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """The composition's spread that a key without its own takes from `measured` (non-empty): the widest of its
+    nearest keys (_nearness), bracketing the point. Borrowed bounds contain the point: another key's bias says how
+    far off a composition can be, not which way this key's is. Without it, Liger's FSDP runs held out took nanotron's
+    reserved-peak spread (1.06-2.17x the analytic peak) and 3 of their 10 allocated peaks (0.96-1.83x) were
+    covered."""
+    me = _key_parts(key)
+    near = {k: _nearness(me, _key_parts(k)) for k in measured}
+    best = min(near.values())
+    ties = [measured[k] for k, d in near.items() if d == best]
+    return min(min(t[0] for t in ties), 0.0), max(max(t[1] for t in ties), 0.0)
+
+
+def _key_weighted_quantile(scores: list[np.ndarray], q: float) -> float:
+    """The q-quantile of the pooled scores with every key weighing the same (a key's rows share 1/len(scores)):
+    the calibration is over domains, and one source's thousand runs would otherwise speak for every domain."""
+    s = np.concatenate(scores)
+    w = np.concatenate([np.full(x.size, 1.0 / (x.size * len(scores))) for x in scores])
+    order = np.argsort(s, kind="stable")
+    cum = np.cumsum(w[order])
+    return float(s[order][min(np.searchsorted(cum, q - 1e-12), s.size - 1)])
+
+
 class Intervals:
     """Split-conformal bounds on log10(measured / predicted), blended by the applicability weight between
 
@@ -439,9 +463,11 @@ class Intervals:
     outside_keys_: dict[str, tuple[float, float]]
     outside_domain_: dict[str, tuple[float, float]]
     unseen_: dict[str, tuple[float, float]]
+    transfer_: dict[str, float]
 
     def __init__(self) -> None:
         self.inside_, self.domain_, self.outside_keys_, self.outside_domain_, self.unseen_ = {}, {}, {}, {}, {}
+        self.transfer_ = {}
 
     def fit(self, keys: list[str], oof_log_residuals: np.ndarray, baseline_log_residuals: np.ndarray,
             *, oof_weight: np.ndarray | None = None, coverage: float = 0.9) -> Intervals:
@@ -466,7 +492,30 @@ class Intervals:
         self.outside_keys_ = per(keys_a, comp, everywhere)
         self.outside_domain_ = per(base_a, comp, everywhere)
         self.unseen_ = {}
+        self.transfer_ = self._fit_transfer(keys_a, comp, coverage)
         return self
+
+    def _fit_transfer(self, keys: np.ndarray, comp: np.ndarray, coverage: float) -> dict[str, float]:
+        """How far a borrowed spread falls short, measured the way it is used: each measured key in turn is treated
+        as unmeasured, lent the spread of its nearest other keys (_borrow), and its composition residuals are scored
+        by how far they fall below the lent low end and above the lent high end (0 inside). Each side's margin is
+        the (1 + coverage) / 2 quantile of its scores, every key weighing the same (a quantile over domains), so a
+        borrowed interval covers `coverage` of a new domain's runs as often as it did for the measured ones.
+
+        Without it the nearest keys' spread was lent as is, and a domain whose composition is biased otherwise was
+        missed: held out by model, the playbook's nanotron peaks took the ZeRO family's GPU spread (1.54x wide, 71 %
+        covered); held out by hardware, ours-cpu's DeepSpeed/FSDP peaks took TRL's CPU spread (1.11x, 18 %). Fewer
+        than MIN_TRANSFER_KEYS measured keys: no evidence of how spreads transfer, no margin."""
+        if len(self.outside_keys_) < MIN_TRANSFER_KEYS:
+            return {}
+        lo_s, hi_s = [], []
+        for k in self.outside_keys_:
+            lo, hi = _borrow(k, {o: v for o, v in self.outside_keys_.items() if o != k})
+            r = comp[(keys == k) & np.isfinite(comp)]
+            lo_s.append(np.maximum(lo - r, 0.0))
+            hi_s.append(np.maximum(r - hi, 0.0))
+        q = (1.0 + coverage) / 2.0
+        return {"lo": _key_weighted_quantile(lo_s, q), "hi": _key_weighted_quantile(hi_s, q)}
 
     def fit_unseen_hardware(self, log_residuals: np.ndarray, *, hardware: list[str] | None = None,
                             coverage: float = 0.9) -> Intervals:
@@ -484,19 +533,16 @@ class Intervals:
         return self
 
     def nearest(self, key: str) -> tuple[float, float]:
-        """The composition's spread on the key itself where measured, else on its nearest measured keys."""
+        """The composition's spread on the key itself where measured, else on its nearest measured keys, widened by
+        the transfer margin (`transfer_`: how far the composition's residuals on a measured key fell outside what its
+        nearest other keys lent it)."""
         if key in self.outside_keys_:
             return self.outside_keys_[key]
         if not self.outside_keys_:
             return conformal_quantiles(np.zeros(0))  # nothing measured at all: the stated default
-        me = _key_parts(key)
-        near = {k: _nearness(me, _key_parts(k)) for k in self.outside_keys_}
-        best = min(near.values())
-        ties = [self.outside_keys_[k] for k, d in near.items() if d == best]
-        # Borrowed bounds contain the point: another key's bias says how far off a composition can be, not which way
-        # this key's is. Without it, Liger's FSDP runs held out took nanotron's reserved-peak spread (1.06-2.17x the
-        # analytic peak) and 3 of their 10 allocated peaks (0.96-1.83x) were covered.
-        return min(min(t[0] for t in ties), 0.0), max(max(t[1] for t in ties), 0.0)
+        lo, hi = _borrow(key, self.outside_keys_)
+        d_lo, d_hi = self.transfer_.get("lo", 0.0), self.transfer_.get("hi", 0.0)
+        return lo - d_lo, hi + d_hi
 
     def _pair(self, key: str) -> tuple[tuple[float, float], tuple[float, float]]:
         out = self.nearest(key)
@@ -541,7 +587,7 @@ class Intervals:
 
         return {"inside": pairs(self.inside_), "domain": pairs(self.domain_),
                 "outside_keys": pairs(self.outside_keys_), "outside_domain": pairs(self.outside_domain_),
-                "unseen_hardware": pairs(self.unseen_)}
+                "unseen_hardware": pairs(self.unseen_), "transfer": dict(self.transfer_)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Intervals:
@@ -556,6 +602,8 @@ class Intervals:
         unseen = d.get("unseen_hardware")
         # Bundles before per-class unseen bounds stored one pooled pair.
         i.unseen_ = {"*": tuple(unseen)} if isinstance(unseen, list) else pairs(unseen)
+        # Bundles before the transfer margin lent the nearest keys' spread as is.
+        i.transfer_ = {k: float(v) for k, v in (d.get("transfer") or {}).items()}
         return i
 
 
