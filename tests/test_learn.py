@@ -136,6 +136,32 @@ def test_a_borrowed_spread_is_widened_by_how_far_borrowed_spreads_missed_on_the_
     assert Intervals.from_dict(old).transfer_ == {}
 
 
+def test_inside_bounds_come_from_the_residuals_of_rows_as_applicable_as_the_row():
+    """Issue 21 item 1: the correction is surer near its training rows, so an inside row's bounds are the
+    split-conformal bounds of the out-of-fold residuals in its weight band (WEIGHT_BANDS) where that band holds
+    enough of them, else its key's: sharp at the core, wider at the fringe, both calibrated."""
+    from perfpredict.models.plan_model import WEIGHT_BANDS
+
+    rng = np.random.default_rng(12)
+    key = "zero:cpu"
+    w = np.r_[rng.uniform(0.5, WEIGHT_BANDS[1], 300), rng.uniform(WEIGHT_BANDS[1], 1.0, 900)]
+    oof = np.r_[rng.normal(0, 0.12, 300), rng.normal(0, 0.04, 900)]
+    iv = Intervals().fit([key] * w.size, oof, rng.normal(0, 0.2, w.size), oof_weight=w)
+    lo, hi = iv.bounds([key] * 3, np.array([0.6, 0.9, 1.0]))
+    assert hi[1] - lo[1] < 0.5 * (hi[0] - lo[0])  # the core is sharper than the fringe
+    assert (lo[1], hi[1]) == (lo[2], hi[2])
+    for at, sd in ((0.6, 0.12), (0.9, 0.04)):  # each band covers its own rows about 90 %
+        new = rng.normal(0, sd, 4000)
+        b_lo, b_hi = iv.bounds([key], np.array([at]))
+        assert 0.85 <= np.mean((b_lo[0] <= new) & (new <= b_hi[0])) <= 0.95
+    assert Intervals.from_dict(iv.to_dict()).bounds([key] * 3, np.array([0.6, 0.9, 1.0]))[1] == pytest.approx(hi)
+    old = {k: v for k, v in iv.to_dict().items() if k != "inside_bands"}  # a bundle from before: the key's bounds
+    assert Intervals.from_dict(old).bounds([key], np.ones(1))[1][0] == pytest.approx(iv.inside_[key][1])
+    # Too few residuals in a band: its rows keep the key's bounds.
+    few = Intervals().fit([key] * 310, np.r_[oof[:10], oof[300:600]], np.zeros(310), oof_weight=np.r_[w[:10], w[300:600]])
+    assert few.bounds([key], np.array([0.6]))[1][0] == pytest.approx(few.inside_[key][1])
+
+
 def test_never_probed_hardware_gets_its_own_wider_interval_per_device_class():
     rng = np.random.default_rng(3)
     keys = ["3d:h100-sxm-80gb:single-node"] * 200

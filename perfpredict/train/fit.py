@@ -226,8 +226,11 @@ def fit_bundle(runs: pl.DataFrame, kernels: KernelModel, *, seed: int = 0, varia
                            np.log10(mr["peak_memory_gib"] / mr["d_mem_gib"]).to_numpy(),
                            oof_weight=mr["oof_mem_weight"].to_numpy())
     if probes is not None:
-        r, hw = unseen_hardware_residuals(runs, probes, launch_floor=floor.floors_, trl_calibration=trl.calibration_,
-                                          seed=seed, kernels=kernels)
+        # Stall-free steps only, like every other time interval: the stalled regime's spread is the stall model's.
+        # Pooled with the playbook's stalls, the GPU class's never-probed spread was 80x high/low and every A100 row
+        # held out by hardware (vtrain's Megatron, 27 % off) took it.
+        r, hw = unseen_hardware_residuals(_stall_free(composed), probes, launch_floor=floor.floors_,
+                                          trl_calibration=trl.calibration_, seed=seed, kernels=kernels)
         t_iv.fit_unseen_hardware(r, hardware=hw)
     bundle = Bundle(kernels=kernels, launch_floor_s=floor.floors_, trl_calibration=trl.calibration_, time=time,
                     memory=mem, time_intervals=t_iv, memory_intervals=m_iv,
