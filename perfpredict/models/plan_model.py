@@ -449,11 +449,13 @@ class Intervals:
     """Split-conformal bounds on log10(measured / predicted), blended by the applicability weight between
 
     - inside: out-of-fold residuals of the corrected prediction where the correction was applicable in its fold
-      (out-of-fold weight >= APPLICABLE), per interval key (Correction.interval_keys), else per domain;
+      (out-of-fold weight >= APPLICABLE), per interval key (Correction.interval_keys) and weight band
+      (WEIGHT_BANDS, where the band holds enough residuals), else per key, else per domain;
     - outside: the composition's own residuals in the row's key where that key was measured, else on the nearest
       measured keys (_nearness: same regime, device class, family, hardware, node regime; the widest of the
-      nearest ties). Never a spread pooled over every source: pooled, the playbook's stall regime (10-50x per
-      micro-batch) set the width of every plan, 25-29x high/low on GPU plans the project holds no run of.
+      nearest ties), widened by the transfer margin measured leave-one-key-out (_fit_transfer). Never a spread
+      pooled over every source: pooled, the playbook's stall regime (10-50x per micro-batch) set the width of every
+      plan, 25-29x high/low on GPU plans the project holds no run of.
 
     A key with too few applicable out-of-fold rows has no evidence of how good the correction is there: it takes
     the composition's spread of its key. Outside bounds are at least as wide as inside ones. A hardware no kernel
