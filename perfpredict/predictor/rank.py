@@ -193,8 +193,8 @@ def ranking_notes(ranking: Ranking) -> list[str]:
         t = top.row(0, named=True)
         notes.append(f"#1's pipeline crosses nodes, where measured runs either stall or do not (models.stall): "
                      f"P(stall) {100 * t['stall_risk']:.0f}%, stall-free {t['stall_free_time_s']:.3g} s, stalled "
-                     f"{t['stalled_time_s']:.3g} s per step; the plans are ranked by the expected step "
-                     f"({t['expected_time_s']:.3g} s)")
+                     f"{t['stalled_time_s']:.3g} s per step (expected {t['expected_time_s']:.3g} s); the plans are "
+                     f"ranked by the throughput expected over both")
     return notes
 
 
