@@ -13,7 +13,8 @@ out of scope (P = 0), like every family without enough multi-node runs to learn 
 What is modelled:
 - P(stall): logistic regression (StallClassifier, scikit-learn contract, saved as its coefficients in JSON with
   checked metadata; no pickle) over plan features that transfer across model sizes (FEATURES), Platt-calibrated
-  on its out-of-fold decision values with one node count held out at a time (StallModel._calibration).
+  on its out-of-fold decision values with one node count held out at a time (StallModel._calibration: the slope;
+  the intercept keeps the training runs' stall rate).
 - The stall's size: seconds per micro-batch, log-linear in the node count, with the 90 % split-conformal spread of
   its log.
 - The mixture: stalled time = stall-free time + micro-batches x stall size. The point prediction is the regime

@@ -66,7 +66,9 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         fits=pl.Series(p["pred_fits"]),
         stall_risk=pl.Series(p["pred_stall_p"]), stall_free_time_s=pl.Series(free),
         stalled_time_s=pl.Series(p["pred_stalled_time_s"]), expected_time_s=pl.Series(p["pred_expected_time_s"]),
-        expected_samples_per_s=pl.Series(samples * p["pred_expected_steps_per_s"]),
+        # without a stall risk exactly the point's throughput (one regime)
+        expected_samples_per_s=pl.Series(np.where(p["pred_stall_p"] > 0, samples * p["pred_expected_steps_per_s"],
+                                                  samples / t)),
         **{k: pl.Series(p[k]) for k in FIT_COLUMNS},
         # How much of the learned correction applies (1: inside the measured domain, 0: composition alone).
         time_applicability=pl.Series(p["time_weight"]), memory_applicability=pl.Series(p["mem_weight"]),
