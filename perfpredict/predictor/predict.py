@@ -46,9 +46,10 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
     t, mem = p["pred_time_s"], p["pred_mem_gib"]
     # Where a pipeline crosses nodes the measured runs are bimodal (models.stall): the step is the stall-free one
     # unless a stall is likely (then the stalled one), the interval covers both regimes and the throughput expected
-    # over them is what `rank` orders by (expected_samples_per_s, models.stall.expected_steps_per_s). The composition's parts scale with the stall-free
-    # ratio; the rest of the step is the stall (b_stall_s: the stall where the point is the stalled step, or, for a
-    # bundle saved without a stall model, what the stall-free guard leaves over).
+    # over them is what `rank` orders by (expected_samples_per_s, models.stall.expected_steps_per_s). The
+    # composition's parts scale with the stall-free ratio; the rest of the step is the stall (b_stall_s: the stall
+    # where the point is the stalled step, or, for a bundle saved without a stall model, what the stall-free guard
+    # leaves over).
     free = p["pred_free_time_s"]
     ratio = free / df["k_step_s"].to_numpy()
     mratio = mem / df["d_mem_gib"].to_numpy()
