@@ -23,8 +23,9 @@ What is modelled:
   expected time is stall-free x (1 - p) + stalled x p, and `rank` orders by the expected throughput over the two
   regimes (expected_steps_per_s: the mean of their throughputs, not the throughput of the expected time).
 
-Held out (the playbook's 8B, trained on its 1B) P(stall) stays under-calibrated: mean 0.28 against a 46 % stall
-rate, AUC 0.84. At every node count the 8B stalls more often than the 1B (4 nodes: 27 % against 3 %), and no
+Held out (the playbook's 8B, trained on its 1B) P(stall) stays under-calibrated: mean 0.27 against a 45 % stall
+rate, AUC 0.83 (0.28 before the intercept kept the training rate; on the 1B held out by node count that change
+took the mean from 0.228 to 0.210 against 0.189). At every node count the 8B stalls more often than the 1B (4 nodes: 27 % against 3 %), and no
 feature of the 1B runs carries that shift (the work per GPU and the message sizes lower the 1B's rate as they grow),
 so the point stays stall-free unless a stall is very likely, where a low P(stall) costs the least."""
 
