@@ -148,13 +148,14 @@ LAYOUT_PROBE_MEMO = 50_000  # layouts remembered (a 1,024-GPU ranking asks ~600 
 _LAYOUT_PROBES: dict[tuple, tuple[Plan, tuple[int, ...]] | str] = {}
 
 
-_PROBES: dict[tuple, object] = {}  # _stage_choices' and _offloads' answers (LAYOUT_PROBE_MEMO entries)
+_PROBES: dict[tuple, object] = {}  # _remembered's answers (LAYOUT_PROBE_MEMO entries)
 
 
 def _remembered(key: tuple, answer: Callable[[], object]) -> object:
-    """answer(), remembered per process under `key` like the layout probes (_layout_probe): for the probes below,
-    which read the layout's plan, the capability table and the model, never the workload or the cluster (a new
-    scenario of the same model asks them again: ~40 % of its enumeration)."""
+    """answer(), remembered per process under `key` like the layout probes (_layout_probe): for the probes of a
+    layout's plan (its stage split, offloads, sequence parallelism, recompute), which read the plan, the
+    capability table and the model, never the workload or the cluster (a new scenario of the same model asks them
+    again: ~40 % of its enumeration)."""
     if key not in _PROBES:
         if len(_PROBES) >= LAYOUT_PROBE_MEMO:
             _PROBES.clear()
@@ -311,7 +312,8 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
                 continue
             base = replace(base, stage_layers=stages)
             sps: tuple[bool, ...] = (False,)
-            if tp > 1 and refusal(replace(base, sequence_parallel=True), model) is None:
+            if tp > 1 and _remembered(("sp", model, base),
+                                      lambda b=base: refusal(replace(b, sequence_parallel=True), model) is None):
                 sps = (False, True)
             if True in sps and workload.seq_len % tp:
                 rej.add("sequence parallel: seq_len not divisible by tp")
@@ -319,7 +321,9 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
             eps = _ep_choices(cap, model, base, rej)
             # What depends on neither the micro-batch nor the schedule is asked once per layout and framework;
             # its rejections are still counted at every combination they stop, as before.
-            rc_refusals = {rc: refusal(replace(base, recompute=rc)) for rc in space.recompute}
+            rc_refusals = {rc: _remembered(("recompute", base, rc),
+                                           lambda b=base, rc=rc: refusal(replace(b, recompute=rc)))
+                           for rc in space.recompute}
             # An optimizer whose kernels need the GPU (core.frameworks Optimizer.host_step) never steps offloaded.
             offload_by_zero = {zero: _offloads(base, zero, dp, space.offload and OPTIMIZERS[workload.optimizer].host_step)
                                for zero in zeros}
