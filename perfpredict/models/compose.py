@@ -508,14 +508,29 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     n = shapes.height
     tasks, of_task = distinct_rows(shapes.select(COMPUTE_INPUTS))
     q = _queries(shapes.with_row_index("row"), tasks.with_row_index("row", offset=n))
-    # Each distinct kernel is predicted once; the group lists the queries that ask for it. The family is a function
-    # of the op, so it is found per group (~1k) and spread to the queries (~100k) by their group.
-    groups = q.select(KERNEL_KEYS).with_row_index("_q").group_by(KERNEL_KEYS).agg("_q")
-    groups = groups.with_columns(family=_families(groups["op"]))
+    ids = q["row"].cast(pl.Int64).to_numpy()
+    # Each distinct kernel is predicted once; a group lists the queries that ask for it. The work shapes' queries
+    # (ids n.., first in q) and the rows' own are grouped apart, each on the keys it fills: a key null throughout a
+    # set tells none of its queries apart, and one group_by over ~100k queries and every key cost twice as much.
+    # The family is a function of the op: found per group (~1k), spread to the queries by their group.
+    n_work = int((ids >= n).sum())
+    assert (ids[:n_work] >= n).all(), "_queries lists the work shapes' queries first"
+    groups: list[pl.DataFrame] = []
     of_group = np.empty(q.height, dtype=np.int64)
-    of_group[groups["_q"].explode().to_numpy()] = np.repeat(np.arange(groups.height),
-                                                            groups["_q"].list.len().to_numpy())
-    kt = kernels.predict_remembered(groups.drop("_q"))[of_group]
+    for start, part in ((0, q.head(n_work)), (n_work, q.slice(n_work))):
+        if not part.height:
+            continue
+        nulls = part.select(KERNEL_KEYS).null_count().row(0)
+        keys = [k for k, v in zip(KERNEL_KEYS, nulls, strict=True) if v < part.height]
+        g = part.select(keys).with_row_index("_q").group_by(keys).agg("_q")
+        first = sum(x.height for x in groups)
+        of_group[start + g["_q"].explode().to_numpy()] = np.repeat(np.arange(first, first + g.height),
+                                                                   g["_q"].list.len().to_numpy())
+        groups.append(g.select(pl.col(k) if k in keys else pl.lit(None, dtype=q.schema[k]).alias(k)
+                               for k in KERNEL_KEYS))
+    kinds = pl.concat(groups)
+    kinds = kinds.with_columns(family=_families(kinds["op"]))
+    kt = kernels.predict_remembered(kinds)[of_group]
     # Each row's sums, added up per row id in numpy (a group_by over ~100k queries cost more than the whole sum), from
     # numpy columns of the queries (polars' fixed cost per expression was most of this at a ranking's size): the
     # parts and the TRL families by one bincount each over (row id, part) and (row id, family) cells, which adds each
@@ -530,7 +545,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     def floats(col: str) -> np.ndarray:
         return q[col].cast(pl.Float64).fill_null(0.0).to_numpy() if col in q.columns else np.zeros(q.height)
 
-    part, fam = codes(q["part"], parts), codes(groups["family"], fams)[of_group]
+    part, fam = codes(q["part"], parts), codes(kinds["family"], fams)[of_group]
     timed = part == parts.index("compute")
     count_null = q["count"].is_null().to_numpy()
     count, rc, rf, eg = floats("count"), floats("rc"), floats("rf"), floats("eg")
@@ -549,7 +564,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         "k_reference_s": np.where(timed, kt * rf, 0.0),
         "k_hf_eager_s": np.where(timed, kt * eg, 0.0),
     }
-    ids, rows = q["row"].cast(pl.Int64).to_numpy(), n + tasks.height
+    rows = n + tasks.height
     fam = np.where(timed, fam, -1)
 
     def cells(code: np.ndarray, width: int) -> np.ndarray:
