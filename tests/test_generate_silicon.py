@@ -172,15 +172,16 @@ def test_evaluate_silicon_cli_reports_held_out_errors_and_layout_choice(tmp_path
     res = json.loads(out.read_text())
     assert res["rows"] > 1000
     comp = res["composition"]
-    # docs/generate-accuracy.md: dense 14.4 % (15.2 % before vLLM 0.12's host gap per step), MoE 19.7 % (26.3 %
-    # before the block-FP8 experts). TTFT composed alone 54 / 50 % (the InferenceX runs' random-arrival base is short
-    # without the opening burst's share), with the correction held out by model 35.9 / 23.6 % (48.3 / 27.8 % with
-    # the grouped returns for every harness).
-    assert comp["dense"]["throughput_mape"] < 0.15 and comp["moe"]["throughput_mape"] < 0.21
-    assert comp["dense"]["tpot_mape"] < 0.155
-    assert comp["dense"]["ttft_mape"] < 0.6 and comp["moe"]["ttft_mape"] < 0.55
+    # docs/generate-accuracy.md: dense 13.8 % (14.4 % before SGLang's prefill-first waves, 15.2 % before vLLM
+    # 0.12's host gap per step), MoE 19.7 % (26.3 % before the block-FP8 experts). TTFT composed alone 48 / 50 %
+    # (the InferenceX runs' random-arrival base is short without the opening burst's share), with the correction
+    # held out by model 30.1 / 23.8 % (35.9 / 23.6 % before the prefill-first waves, 48.3 / 27.8 % with the grouped
+    # returns for every harness).
+    assert comp["dense"]["throughput_mape"] < 0.145 and comp["moe"]["throughput_mape"] < 0.21
+    assert comp["dense"]["tpot_mape"] < 0.145
+    assert comp["dense"]["ttft_mape"] < 0.55 and comp["moe"]["ttft_mape"] < 0.55
     held = res["held_out_model"]["errors"]
-    assert res["correction_used"]["ttft"] and held["dense"]["ttft_mape"] < 0.40 and held["moe"]["ttft_mape"] < 0.25
+    assert res["correction_used"]["ttft"] and held["dense"]["ttft_mape"] < 0.32 and held["moe"]["ttft_mape"] < 0.25
     assert comp["dense"]["throughput_mape"] < comp["dense"]["roofline_throughput_mape"]
     lay = res["layout_composition"]
     assert lay["pred_within_5pct"] >= lay["rule_within_5pct"] and lay["pred_within_5pct"] >= 0.85
