@@ -4,13 +4,15 @@ of vLLM, SGLang and TensorRT-LLM at a stated concurrency, TP and EP; SOURCE.md t
 
 Each run is predicted from the kernels measured on its GPU: concurrency c held in a closed loop (the benchmark's
 fixed concurrency), isl / osl, chunked prefill at 8,192 batched tokens (vLLM serve, SGLang chunked_prefill_size and
-TensorRT-LLM max_num_tokens defaults on these GPUs). Per-GPU decode throughput = c / TPOT / (tp x pp), as the
-source's notes say (steady state).
+TensorRT-LLM max_num_tokens defaults on these GPUs); SGLang at its defaults prefills first, so its benchmark runs in
+waves (engine.prefill_first_waves; prefill_first_runs says which runs). Per-GPU decode throughput = c / TPOT /
+(tp x pp), as the source's notes say (steady state).
 
 Splits hold out one model, one GPU type or one backend at a time. The composition has no fitted part; the learned
 correction (fitted on the training rows of the split) is a TPOT scale per backend and dense/MoE, and for TTFT four
-terms pooled over the backends (grouped returns, opening burst, a fixed time, a host time per running stream); each
-is used only where it lowers the held-out error on every split (else the composition stands).
+terms pooled over the backends (grouped returns, opening burst, a fixed time, a host time per running stream; a
+prefill-first run's composed TTFT enters unscaled, beside the last two); each is used only where it lowers the
+held-out error on every split (else the composition stands).
 
 Layout choice: groups = (backend, model, GPU, weight format, isl, osl) with >= 2 TP degrees measured; a layout's
 value is its best per-GPU throughput over the concurrencies measured for it; the prediction picks the TP with the
