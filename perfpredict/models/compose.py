@@ -17,6 +17,7 @@ from perfpredict.core.frameworks import (
     DS_REDUCE_BUCKET_HIDDEN2,
     EAGER_ATTENTION,
     HF_EAGER_LAYER,
+    LIGER_LAYER,
     REENTRANT_REGATHER_FRAMEWORKS,
     RUNTIMES,
 )
@@ -111,15 +112,21 @@ def _regathers() -> pl.Expr:
 def _hf_eager_units() -> tuple[pl.Expr, pl.Expr]:
     """16-bit element moves per token and forward of transformers' eager layer beyond the fused kernels timed here
     (core.frameworks HF_EAGER_LAYER), in units of the hidden size and of the MLP width: on GPU rows of frameworks
-    that run transformers' model code (Capability.hf_trainer), 0 elsewhere. On a CPU host the TRL calibration
-    (calibration.TrlCalibration, membound_scale) already measures that code."""
-    e = HF_EAGER_LAYER
+    that run transformers' model code (Capability.hf_trainer), 0 elsewhere; a plan with Liger's kernels
+    (fused_head: core.frameworks LIGER_LAYER) keeps only what Liger leaves to transformers. On a CPU host the TRL
+    calibration (calibration.TrlCalibration, membound_scale) already measures that code."""
     h = c("m_hidden").cast(pl.Float64)
     q, k = (c("m_heads") * c("m_head_dim")).cast(pl.Float64) / h, (c("m_kv_heads") * c("m_head_dim")).cast(pl.Float64) / h
     gqa = (c("m_kv_heads") < c("m_heads")).cast(pl.Float64)
-    per_h = e.norm_extra + e.rotary * (q + k) + gqa * e.repeat_kv * 2.0 * (q + k) + e.attn_out_copy * q
+    liger = c("p_fused_head").fill_null(False)
+
+    def pick(field: str) -> pl.Expr:
+        return pl.when(liger).then(getattr(LIGER_LAYER, field)).otherwise(getattr(HF_EAGER_LAYER, field))
+
+    per_h = (pick("norm_extra") + pick("rotary") * (q + k) + gqa * pick("repeat_kv") * 2.0 * (q + k)
+             + pick("attn_out_copy") * q)
     on = (hf_trainer() & ~on_cpu()).cast(pl.Float64)
-    return on * per_h, on * e.mlp_extra
+    return on * per_h, on * pick("mlp_extra")
 
 
 def _i(e: pl.Expr) -> pl.Expr:
