@@ -260,6 +260,31 @@ def test_liger_layer_kernels_replace_the_eager_norms_rotary_and_mlp():
     assert step[0, 1] < step[0, 0] and step[1, 1] <= step[1, 0] * (1.0 + 1e-12)
 
 
+def test_padded_batches_run_at_the_slowest_rank():
+    """Workload.seq_len_cv (padded batches' per-rank length spread): no spread changes nothing; a spread makes the
+    step slower, more so with more data-parallel ranks to wait for, and less for a runtime that meets its ranks once
+    per step (ZeRO-2 with gradient accumulation) than for one that gathers every layer (ZeRO-3)."""
+    from perfpredict.features.compute import slowest_rank_factor
+
+    def steps(cv: float, gpus: int, zero: int) -> np.ndarray:
+        cluster = Cluster(H100, 8, 1)
+        w = Workload(objective="sft", seq_len=512, global_batch=gpus * 32, seq_len_cv=cv)
+        rows = [Plan(framework="fsdp", dp=gpus, zero=zero, micro_batch=8, grad_accum=4, recompute="full")]
+        return predict_frame(plans_frame(LLAMA8, cluster, w, rows))["k_step_s"].to_numpy()
+
+    base = steps(0.0, 8, 3)
+    assert steps(0.0, 8, 3) == pytest.approx(base)
+    assert steps(0.25, 8, 3)[0] > base[0]
+    assert steps(0.25, 4, 3)[0] > steps(0.0, 4, 3)[0]
+    f = pl.DataFrame({"w_seq_len_cv": [0.0, 0.25, 0.25, 0.25, 0.25], "p_dp": [8, 1, 4, 8, 8],
+                      "p_zero": [3, 3, 3, 3, 2], "p_tp": [1] * 5, "p_pp": [1] * 5, "p_grad_accum": [4] * 5}
+                     ).select(slowest_rank_factor()).to_series().to_list()
+    assert f[0] == 1.0 and f[1] == 1.0  # no spread, or no other rank to wait for
+    assert 1.0 < f[2] < f[3]  # more ranks, a slower slowest one: 1 + 0.25 x 1.05 at 4 ranks (Blom)
+    assert f[2] == pytest.approx(1.0 + 0.25 * 1.049, abs=0.002)
+    assert 1.0 < f[4] < f[3]  # ZeRO-2 meets once per step: the spread of a 4-micro-batch sum, 0.25 / 2
+
+
 def test_fsdp_under_the_hf_trainer_keeps_unsharded_grads_and_reduces_once():
     """transformers' Trainer runs all but the last micro-batch in accelerate's no_sync; FSDP2 then keeps every
     block's unsharded gradient (compute dtype) until the step's single reduce-scatter. DeepSpeed (which the Trainer

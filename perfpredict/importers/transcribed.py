@@ -29,6 +29,9 @@ COLUMNS = ("row_id", "upstream_path", "upstream_lines", "upstream_commit", "head
            "quote", "model", "gpu", "gpus_per_node", "nodes", "intra_node_bw_gb_per_s", "objective", "framework",
            "zero", "tp", "pp", "cp", "dp", "ep", "sequence_parallel", "recompute", "micro_batch", "grad_accum",
            "seq_len", "optimizer_offload", "step_time_s", "peak_memory_gib", "memory_kind", "kernels", "fused_head")
+# Columns a source's transcription may add after COLUMNS, in this order, where it states them:
+# - seq_len_cv: padded batches' per-rank length spread (core.workload Workload.seq_len_cv), from per-step token counts.
+OPTIONAL_COLUMNS = ("seq_len_cv",)
 STATUSES = ("ok", "skip")
 # What a transcribed memory figure is, and the schema's memory_kind it becomes (core.schema LABEL_COLUMNS):
 # ms-swift logs torch.cuda.max_memory_reserved() / 1024**3 as memory(GiB) (swift/trainers/patcher.py,
@@ -52,8 +55,10 @@ def read_rows(folder: Path) -> list[tuple[int, dict[str, str]]]:
     path = Path(folder) / CSV_NAME
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise ValueError(f"{path}: columns {reader.fieldnames} differ from the expected {list(COLUMNS)}")
+        names = tuple(reader.fieldnames or ())
+        if names[:len(COLUMNS)] != COLUMNS or names[len(COLUMNS):] != OPTIONAL_COLUMNS[:len(names) - len(COLUMNS)]:
+            raise ValueError(f"{path}: columns {reader.fieldnames} differ from the expected {list(COLUMNS)} "
+                             f"(optionally followed by {list(OPTIONAL_COLUMNS)})")
         rows = [(line, r) for line, r in enumerate(reader, start=2)]
     for line, r in rows:
         if r["status"] not in STATUSES:
@@ -93,7 +98,8 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
     if len(named) > 1:
         raise ValueError(f"kernels names {len(named)} optimizers ({', '.join(named)}); a run has one")
     workload = Workload(objective=r["objective"], seq_len=_int(r, "seq_len"), global_batch=mb * ga * dp,
-                        precision="bf16", optimizer=named[0] if named else "")
+                        precision="bf16", optimizer=named[0] if named else "",
+                        seq_len_cv=(_float(r, "seq_len_cv") or 0.0) if r.get("seq_len_cv") else 0.0)
     plan = Plan(tp=_int(r, "tp"), pp=_int(r, "pp"), dp=dp, cp=_int(r, "cp"), ep=_int(r, "ep"),
                 sequence_parallel=_bool(r, "sequence_parallel"), zero=_int(r, "zero"), recompute=r["recompute"],
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),

@@ -21,7 +21,14 @@ from perfpredict.core.frameworks import (
     REENTRANT_REGATHER_FRAMEWORKS,
     RUNTIMES,
 )
-from perfpredict.features.compute import forward_passes, hf_trainer, on_cpu, runtime_is, selective_share
+from perfpredict.features.compute import (
+    forward_passes,
+    hf_trainer,
+    on_cpu,
+    runtime_is,
+    selective_share,
+    slowest_rank_factor,
+)
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.models.hardware_frame import hardware_table
@@ -135,7 +142,12 @@ def _i(e: pl.Expr) -> pl.Expr:
 
 def _base(df: pl.DataFrame) -> pl.DataFrame:
     seqs = c("p_micro_batch") * c("w_seqs_per_sample")
-    T = seqs.cast(pl.Float64) * c("w_seq_len") / c("p_cp")
+    # Padded batches: the step runs at the slowest data-parallel rank's padded length (features.compute
+    # slowest_rank_factor; seq_len as given where the workload states no spread).
+    if "w_seq_len_cv" not in df.columns:
+        df = df.with_columns(w_seq_len_cv=pl.lit(0.0))
+    s_eff = c("w_seq_len").cast(pl.Float64) * slowest_rank_factor()
+    T = seqs.cast(pl.Float64) * s_eff / c("p_cp")
     ref = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
     sel = (c("p_recompute") == "selective").cast(pl.Float64)
     eager_h, eager_f = _hf_eager_units()
@@ -172,7 +184,7 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
             c("m_experts_per_token")).otherwise(0).cast(pl.Float64) / pl.when(c("p_sp")).then(c("p_tp")).otherwise(1),
         ep_link=pl.when(c("p_ep") > gpn).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
         topk=pl.when(moe).then(c("m_experts_per_token")).otherwise(1).cast(pl.Float64),
-        seqs=seqs.cast(pl.Float64), s=c("w_seq_len").cast(pl.Float64), cp=c("p_cp").cast(pl.Float64),
+        seqs=seqs.cast(pl.Float64), s=s_eff, cp=c("p_cp").cast(pl.Float64),
         tp=c("p_tp"), dp=c("p_dp") * c("p_cp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
         vst=c("p_vstages").cast(pl.Float64), act_b=act_b,
         params=c("d_params_rank"), layer_params=c("m_layer_params").cast(pl.Float64),
