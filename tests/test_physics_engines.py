@@ -285,6 +285,23 @@ def test_padded_batches_run_at_the_slowest_rank():
     assert 1.0 < f[4] < f[3]  # ZeRO-2 meets once per step: the spread of a 4-micro-batch sum, 0.25 / 2
 
 
+def test_expert_parallel_groups_strided_by_tp_cross_nodes():
+    """Megatron lays an expert-parallel group's ranks tp apart (expert tensor parallelism = tp, order
+    tp-cp-ep-dp-pp): ep 8 at tp 2 spans two 8-GPU nodes, so its all-to-all crosses the inter-node link (a slower one
+    is strictly slower), where ep 8 at tp 1 stays on one node (the inter-node link does not matter)."""
+    moe = get_model("qwen3-30b-a3b")
+    w = Workload(objective="sft", seq_len=8192, global_batch=16)
+
+    def ep_s(tp: int, inter: float) -> float:
+        cluster = Cluster(get_gpu("a100-sxm-80gb"), 8, 2, inter_node_bw_gb_per_s=inter)
+        plan = Plan(framework="megatron", tp=tp, dp=16 // tp, ep=8, zero=1, micro_batch=1,
+                    grad_accum=16 // (16 // tp), recompute="full", sequence_parallel=tp > 1)
+        return float(predict_frame(plans_frame(moe, cluster, w, [plan]))["k_ep_s"][0])
+
+    assert ep_s(2, 12.5) > ep_s(2, 25.0) > 0.0
+    assert ep_s(1, 12.5) == pytest.approx(ep_s(1, 25.0))
+
+
 def test_fsdp_under_the_hf_trainer_keeps_unsharded_grads_and_reduces_once():
     """transformers' Trainer runs all but the last micro-batch in accelerate's no_sync; FSDP2 then keeps every
     block's unsharded gradient (compute dtype) until the step's single reduce-scatter. DeepSpeed (which the Trainer

@@ -180,9 +180,14 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         f=f, gate=pl.when(c("m_gated")).then(2.0).otherwise(1.0),
         # Expert parallelism: a rank runs its experts/ep experts on the tokens routed to them from ep ranks.
         experts=pl.when(moe).then(c("m_experts") / c("p_ep")).otherwise(1).cast(pl.Float64),
-        ep=c("p_ep"), ep_rpn=pl.min_horizontal(c("p_ep"), gpn), ep_tokens=T * pl.when(moe).then(
+        # An expert-parallel group's ranks sit tp apart (TP innermost): Megatron-core builds its expert groups with
+        # expert tensor parallelism = tp by default and the order tp-cp-ep-dp-pp (NVIDIA/Megatron-LM
+        # megatron/core/parallel_state.py:617, 871-872, 887-893 at d98e8a64), so ep ranks span ep x tp GPUs, ep_rpn
+        # of them per node; beyond a node the all-to-all crosses the inter-node link.
+        ep=c("p_ep"), ep_rpn=pl.max_horizontal(pl.lit(1), pl.min_horizontal(c("p_ep"), gpn // c("p_tp"))),
+        ep_tokens=T * pl.when(moe).then(
             c("m_experts_per_token")).otherwise(0).cast(pl.Float64) / pl.when(c("p_sp")).then(c("p_tp")).otherwise(1),
-        ep_link=pl.when(c("p_ep") > gpn).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
+        ep_link=pl.when(c("p_ep") * c("p_tp") > gpn).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
         topk=pl.when(moe).then(c("m_experts_per_token")).otherwise(1).cast(pl.Float64),
         seqs=seqs.cast(pl.Float64), s=s_eff, cp=c("p_cp").cast(pl.Float64),
         tp=c("p_tp"), dp=c("p_dp") * c("p_cp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
