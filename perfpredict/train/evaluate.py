@@ -220,6 +220,9 @@ def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> 
         row |= _failed_unknown(g)
         row["at_risk"] = float((orow["fit_verdict"] == "at risk").mean()) if orow.height else np.nan
         row["false_oom_analytic"] = (float((ran["d_mem_gib"] > ran["g_memory_gib"]).mean()) if ran.height else np.nan)
+        # The analytic estimate alone against the same outcomes: failed, yet its peak fits in the GPU's memory.
+        row["missed_oom_analytic"] = (float((failed["d_mem_gib"] <= failed["g_memory_gib"]).mean())
+                                      if failed.height else np.nan)
         row["oom_accuracy"] = (float(np.mean(orow["pred_fits"].to_numpy() == orow["fits"].to_numpy()))
                                if orow.height else np.nan)
         row |= _ranking(tr)
