@@ -106,7 +106,7 @@ class Scenario:
                 if split:
                     plan = Plan.from_dict({**plan_d, "stage_layers": list(split)})
         scenario = cls(model=model, cluster=cluster, workload=workload, plan=plan)
-        reason = why_not(plan, model, objective=workload.objective)
+        reason = why_not(plan, model, objective=workload.objective, optimizer=workload.optimizer)
         if reason:
             raise PerfPredictError(f"{plan.framework} cannot run this plan: {reason}")
         return scenario
@@ -279,7 +279,8 @@ def workload_columns(w: Workload) -> dict[str, Any]:
     return {"w_objective": w.objective, "w_seq_len": w.seq_len, "w_global_batch": w.global_batch,
             "w_dataset_size": w.dataset_size, "w_epochs": float(w.epochs), "w_precision": w.precision,
             "w_master_fp32": w.master_weights_fp32, "w_reference": w.reference,
-            "w_seqs_per_sample": w.seqs_per_sample, "w_optimizer": w.optimizer}
+            "w_seqs_per_sample": w.seqs_per_sample, "w_optimizer": w.optimizer,
+            "w_seq_len_cv": float(w.seq_len_cv)}
 
 
 # Plan field -> flat column, one mapping for both directions.
@@ -297,7 +298,7 @@ PLAN_COLUMN_DEFAULTS = {"p_ep": 1, "p_param_offload": False, "p_stage_layers": "
 # The same for workload and model columns added later (Workload.optimizer; ModelSpec.final_logit_softcapping): the
 # features stage fills them where a frame lacks them (features.memory.plan_defaults); dataset rows carry them only
 # where they differ.
-LATER_COLUMN_DEFAULTS = {"w_optimizer": "", "m_logit_softcap": 0.0}
+LATER_COLUMN_DEFAULTS = {"w_optimizer": "", "m_logit_softcap": 0.0, "w_seq_len_cv": 0.0}
 
 
 def plan_columns(p: Plan, *, all_columns: bool = True) -> dict[str, Any]:

@@ -51,6 +51,11 @@ the quoted figures); imported by `perfpredict.importers.liger_examples` into `ru
   mean padded length over the averaged steps: (tokens seen after the last step - after step 1) / steps /
   (4 x batch), rounded. What the compute and memory see is that length on average; the peak step's rank held a
   longer batch (up to 512), so the allocated peak belongs to a somewhat longer sequence than seq_len.
+- seq_len_cv (Workload.seq_len_cv): how much one rank's padded length varies, from the log's per-step token counts.
+  Each step's count sums 4 ranks' independent batches, so its variance is a quarter of one rank's: seq_len_cv = 2 x
+  the sample standard deviation of the steps' mean padded lengths / their mean (0.22-0.43; from 4 steps for qwen2,
+  9 for llama, mistral and phi3, 19 for gemma2: the qwen2 figures are the roughest). FSDP gathers every block, so
+  every micro-batch runs at its slowest rank's length (features.compute slowest_rank_factor).
 - GPU: the logs do not name it; the example's README in the same commits states the benchmark conditions "FSDP1 on
   4 A100s" and "The default hyperparameters and configurations work on single node with 4xA100 80GB GPUs": catalog
   `a100-sxm-80gb` (reserved peaks of 46-78 GB fit 80 GB only).
@@ -69,7 +74,9 @@ the quoted figures); imported by `perfpredict.importers.liger_examples` into `ru
 ## Caveats
 
 - Padded batches of varying length: see seq_len above. The step time is the slowest rank's (FSDP synchronises every
-  layer), whose batch was at least the mean length.
+  layer), whose batch was at least the mean length: seq_len_cv gives the expected excess. The steps themselves vary
+  far more in Gemma 2's logs (1.4-6.6 s for the same token counts, its allocator's reserved peak at 78 of 80 GB:
+  the cache flushes and retries of an allocator near the card's capacity, which nothing here models).
 - The Liger rows (`-liger-True-pre-init`) apply Liger's RMSNorm, RoPE, SwiGLU and fused linear cross entropy (the
   LM head and the loss in chunks, no full logits): plan `fused_head` true. Gemma 2's patch at these commits applies
   Liger's cross entropy only, not the fused head (`apply_liger_kernel_to_gemma2(cross_entropy=True)`,

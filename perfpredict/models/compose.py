@@ -17,10 +17,18 @@ from perfpredict.core.frameworks import (
     DS_REDUCE_BUCKET_HIDDEN2,
     EAGER_ATTENTION,
     HF_EAGER_LAYER,
+    LIGER_LAYER,
     REENTRANT_REGATHER_FRAMEWORKS,
     RUNTIMES,
 )
-from perfpredict.features.compute import forward_passes, hf_trainer, on_cpu, runtime_is, selective_share
+from perfpredict.features.compute import (
+    forward_passes,
+    hf_trainer,
+    on_cpu,
+    runtime_is,
+    selective_share,
+    slowest_rank_factor,
+)
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.models.hardware_frame import hardware_table
@@ -111,15 +119,21 @@ def _regathers() -> pl.Expr:
 def _hf_eager_units() -> tuple[pl.Expr, pl.Expr]:
     """16-bit element moves per token and forward of transformers' eager layer beyond the fused kernels timed here
     (core.frameworks HF_EAGER_LAYER), in units of the hidden size and of the MLP width: on GPU rows of frameworks
-    that run transformers' model code (Capability.hf_trainer), 0 elsewhere. On a CPU host the TRL calibration
-    (calibration.TrlCalibration, membound_scale) already measures that code."""
-    e = HF_EAGER_LAYER
+    that run transformers' model code (Capability.hf_trainer), 0 elsewhere; a plan with Liger's kernels
+    (fused_head: core.frameworks LIGER_LAYER) keeps only what Liger leaves to transformers. On a CPU host the TRL
+    calibration (calibration.TrlCalibration, membound_scale) already measures that code."""
     h = c("m_hidden").cast(pl.Float64)
     q, k = (c("m_heads") * c("m_head_dim")).cast(pl.Float64) / h, (c("m_kv_heads") * c("m_head_dim")).cast(pl.Float64) / h
     gqa = (c("m_kv_heads") < c("m_heads")).cast(pl.Float64)
-    per_h = e.norm_extra + e.rotary * (q + k) + gqa * e.repeat_kv * 2.0 * (q + k) + e.attn_out_copy * q
+    liger = c("p_fused_head").fill_null(False)
+
+    def pick(field: str) -> pl.Expr:
+        return pl.when(liger).then(getattr(LIGER_LAYER, field)).otherwise(getattr(HF_EAGER_LAYER, field))
+
+    per_h = (pick("norm_extra") + pick("rotary") * (q + k) + gqa * pick("repeat_kv") * 2.0 * (q + k)
+             + pick("attn_out_copy") * q)
     on = (hf_trainer() & ~on_cpu()).cast(pl.Float64)
-    return on * per_h, on * e.mlp_extra
+    return on * per_h, on * pick("mlp_extra")
 
 
 def _i(e: pl.Expr) -> pl.Expr:
@@ -128,7 +142,12 @@ def _i(e: pl.Expr) -> pl.Expr:
 
 def _base(df: pl.DataFrame) -> pl.DataFrame:
     seqs = c("p_micro_batch") * c("w_seqs_per_sample")
-    T = seqs.cast(pl.Float64) * c("w_seq_len") / c("p_cp")
+    # Padded batches: the step runs at the slowest data-parallel rank's padded length (features.compute
+    # slowest_rank_factor; seq_len as given where the workload states no spread).
+    if "w_seq_len_cv" not in df.columns:
+        df = df.with_columns(w_seq_len_cv=pl.lit(0.0))
+    s_eff = c("w_seq_len").cast(pl.Float64) * slowest_rank_factor()
+    T = seqs.cast(pl.Float64) * s_eff / c("p_cp")
     ref = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
     sel = (c("p_recompute") == "selective").cast(pl.Float64)
     eager_h, eager_f = _hf_eager_units()
@@ -161,11 +180,16 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         f=f, gate=pl.when(c("m_gated")).then(2.0).otherwise(1.0),
         # Expert parallelism: a rank runs its experts/ep experts on the tokens routed to them from ep ranks.
         experts=pl.when(moe).then(c("m_experts") / c("p_ep")).otherwise(1).cast(pl.Float64),
-        ep=c("p_ep"), ep_rpn=pl.min_horizontal(c("p_ep"), gpn), ep_tokens=T * pl.when(moe).then(
+        # An expert-parallel group's ranks sit tp apart (TP innermost): Megatron-core builds its expert groups with
+        # expert tensor parallelism = tp by default and the order tp-cp-ep-dp-pp (NVIDIA/Megatron-LM
+        # megatron/core/parallel_state.py:617, 871-872, 887-893 at d98e8a64), so ep ranks span ep x tp GPUs, ep_rpn
+        # of them per node; beyond a node the all-to-all crosses the inter-node link.
+        ep=c("p_ep"), ep_rpn=pl.max_horizontal(pl.lit(1), pl.min_horizontal(c("p_ep"), gpn // c("p_tp"))),
+        ep_tokens=T * pl.when(moe).then(
             c("m_experts_per_token")).otherwise(0).cast(pl.Float64) / pl.when(c("p_sp")).then(c("p_tp")).otherwise(1),
-        ep_link=pl.when(c("p_ep") > gpn).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
+        ep_link=pl.when(c("p_ep") * c("p_tp") > gpn).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
         topk=pl.when(moe).then(c("m_experts_per_token")).otherwise(1).cast(pl.Float64),
-        seqs=seqs.cast(pl.Float64), s=c("w_seq_len").cast(pl.Float64), cp=c("p_cp").cast(pl.Float64),
+        seqs=seqs.cast(pl.Float64), s=s_eff, cp=c("p_cp").cast(pl.Float64),
         tp=c("p_tp"), dp=c("p_dp") * c("p_cp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
         vst=c("p_vstages").cast(pl.Float64), act_b=act_b,
         params=c("d_params_rank"), layer_params=c("m_layer_params").cast(pl.Float64),
@@ -333,7 +357,13 @@ def _optimizer(b: pl.DataFrame) -> list[pl.DataFrame]:
 
 def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     """Every kernel one rank runs in a step, for each plan row of a descriptor frame (with its count)."""
-    return _queries(_base(desc))
+    q = _queries(_base(desc))
+    return q.with_columns(family=_families(q["op"]))
+
+
+def _families(op: pl.Series) -> pl.Series:
+    """kernels.family_of per row, each distinct op's once."""
+    return op.replace_strict({o: family_of(o) for o in op.unique().to_list()}, return_dtype=pl.Utf8)
 
 
 # The _base columns the compute kernels (_gemms, _attention, _membound) read: a rank's work shape. Plans that differ
@@ -345,20 +375,20 @@ COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv"
 
 
 def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
-    """kernel_queries from _base's columns, which are all they read; the compute kernels from `work` (rows of
-    COMPUTE_INPUTS with their own row ids) where given."""
+    """kernel_queries from _base's columns, which are all they read, less the family (_kernel_parts finds each
+    distinct kernel's, kernel_queries each row's); the compute kernels from `work` (rows of COMPUTE_INPUTS with
+    their own row ids) where given."""
     # The kernel functions build lazy frames, collected once as one query: ~40 small selects each paid polars'
     # fixed cost per call, which at a ranking's size was most of their time.
     w = (b if work is None else work).lazy()
     lb = b.lazy()
     frames = _gemms(w) + _attention(w) + _membound(w) + _comm(lb) + _expert_parallel(lb) + _optimizer(lb)
-    frames = [f if "part" in f.collect_schema().names() else f.with_columns(part=pl.lit("compute")) for f in frames]
-    q = pl.concat(frames, how="diagonal_relaxed")
+    # Every frame that names its part names it by a literal, so a null part is a frame that names none: compute
+    # (one expression where asking each frame's schema resolved ~40 plans).
+    q = pl.concat(frames, how="diagonal_relaxed").with_columns(part=c("part").fill_null("compute"))
     have = q.collect_schema().names()
-    q = q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k)
-                       for k in KERNEL_KEYS if k not in have).collect()
-    return q.with_columns(family=c("op").replace_strict(
-        {o: family_of(o) for o in q["op"].unique().to_list()}, return_dtype=pl.Utf8))
+    return q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k)
+                          for k in KERNEL_KEYS if k not in have).collect()
 
 
 def launch_floor_s(hardware: pl.Expr, floors: dict[str, float], key: str = "") -> pl.Expr:
@@ -502,12 +532,29 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     n = shapes.height
     tasks, of_task = distinct_rows(shapes.select(COMPUTE_INPUTS))
     q = _queries(shapes.with_row_index("row"), tasks.with_row_index("row", offset=n))
-    keys = list(KERNEL_KEYS) + ["family"]
-    # Each distinct kernel is predicted once; the group lists the queries that ask for it.
-    groups = q.select(keys).with_row_index("_q").group_by(keys).agg("_q")
-    kt = np.empty(q.height)
-    kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict_remembered(groups.drop("_q")),
-                                                      groups["_q"].list.len().to_numpy())
+    ids = q["row"].cast(pl.Int64).to_numpy()
+    # Each distinct kernel is predicted once; a group lists the queries that ask for it. The work shapes' queries
+    # (ids n.., first in q) and the rows' own are grouped apart, each on the keys it fills: a key null throughout a
+    # set tells none of its queries apart, and one group_by over ~100k queries and every key cost twice as much.
+    # The family is a function of the op: found per group (~1k), spread to the queries by their group.
+    n_work = int((ids >= n).sum())
+    assert (ids[:n_work] >= n).all(), "_queries lists the work shapes' queries first"
+    groups: list[pl.DataFrame] = []
+    of_group = np.empty(q.height, dtype=np.int64)
+    for start, part in ((0, q.head(n_work)), (n_work, q.slice(n_work))):
+        if not part.height:
+            continue
+        nulls = part.select(KERNEL_KEYS).null_count().row(0)
+        keys = [k for k, v in zip(KERNEL_KEYS, nulls, strict=True) if v < part.height]
+        g = part.select(keys).with_row_index("_q").group_by(keys).agg("_q")
+        first = sum(x.height for x in groups)
+        of_group[start + g["_q"].explode().to_numpy()] = np.repeat(np.arange(first, first + g.height),
+                                                                   g["_q"].list.len().to_numpy())
+        groups.append(g.select(pl.col(k) if k in keys else pl.lit(None, dtype=q.schema[k]).alias(k)
+                               for k in KERNEL_KEYS))
+    kinds = pl.concat(groups)
+    kinds = kinds.with_columns(family=_families(kinds["op"]))
+    kt = kernels.predict_remembered(kinds)[of_group]
     # Each row's sums, added up per row id in numpy (a group_by over ~100k queries cost more than the whole sum), from
     # numpy columns of the queries (polars' fixed cost per expression was most of this at a ranking's size): the
     # parts and the TRL families by one bincount each over (row id, part) and (row id, family) cells, which adds each
@@ -515,14 +562,14 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     # null count or backward share counts 0, as polars' fill_null did.
     parts, fams = (*PARTS, "dpgather", "trlfold"), TRL_FAMILIES
 
-    def codes(col: str, names: tuple[str, ...]) -> np.ndarray:
-        return q[col].replace_strict({v: i for i, v in enumerate(names)}, default=-1, return_dtype=pl.Int64
-                                     ).fill_null(-1).to_numpy()
+    def codes(col: pl.Series, names: tuple[str, ...]) -> np.ndarray:
+        return col.replace_strict({v: i for i, v in enumerate(names)}, default=-1, return_dtype=pl.Int64
+                                  ).fill_null(-1).to_numpy()
 
     def floats(col: str) -> np.ndarray:
         return q[col].cast(pl.Float64).fill_null(0.0).to_numpy() if col in q.columns else np.zeros(q.height)
 
-    part, fam = codes("part", parts), codes("family", fams)
+    part, fam = codes(q["part"], parts), codes(kinds["family"], fams)[of_group]
     timed = part == parts.index("compute")
     count_null = q["count"].is_null().to_numpy()
     count, rc, rf, eg = floats("count"), floats("rc"), floats("rf"), floats("eg")
@@ -541,7 +588,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         "k_reference_s": np.where(timed, kt * rf, 0.0),
         "k_hf_eager_s": np.where(timed, kt * eg, 0.0),
     }
-    ids, rows = q["row"].cast(pl.Int64).to_numpy(), n + tasks.height
+    rows = n + tasks.height
     fam = np.where(timed, fam, -1)
 
     def cells(code: np.ndarray, width: int) -> np.ndarray:
