@@ -33,10 +33,19 @@ class Workload:
     # adamw_torch_fused, adamw_bnb_8bit, paged_adamw_8bit ...); "" = the framework's own, what predictions assumed
     # before this field.
     optimizer: str = ""
+    # The padded length of the longest micro-batch when batches are padded to their longest sample (variable-length
+    # data, no packing); 0 = every micro-batch is seq_len long (packed or fixed-length data). Step time follows the
+    # mean length (seq_len); the peak memory belongs to the step whose batch is longest, so memory is composed at
+    # this length (features.memory.memory_seq_len).
+    peak_seq_len: int = 0
 
     def __post_init__(self) -> None:
         check_choice("objective", self.objective, OBJECTIVES)
         check_int("seq_len", self.seq_len, 1, MAX_SEQ_LEN)
+        check_int("peak_seq_len", self.peak_seq_len, 0, MAX_SEQ_LEN)
+        require(self.peak_seq_len == 0 or self.peak_seq_len >= self.seq_len,
+                f"peak_seq_len ({self.peak_seq_len}) is the longest micro-batch's padded length: 0 (every batch "
+                f"seq_len long) or at least seq_len ({self.seq_len})")
         check_int("global_batch", self.global_batch, 1, MAX_BATCH)
         check_int("dataset_size", self.dataset_size, 0, MAX_DATASET)
         check_number("epochs", self.epochs, 0.0, 1e4, lo_open=True)
@@ -81,6 +90,8 @@ class Workload:
         d = asdict(self)
         if not d["optimizer"]:  # left out at its default, so a workload's dict (and run ids hashed from it) stays
             del d["optimizer"]
+        if not d["peak_seq_len"]:  # the same
+            del d["peak_seq_len"]
         return d
 
     @classmethod

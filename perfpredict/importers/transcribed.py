@@ -29,6 +29,10 @@ COLUMNS = ("row_id", "upstream_path", "upstream_lines", "upstream_commit", "head
            "quote", "model", "gpu", "gpus_per_node", "nodes", "intra_node_bw_gb_per_s", "objective", "framework",
            "zero", "tp", "pp", "cp", "dp", "ep", "sequence_parallel", "recompute", "micro_batch", "grad_accum",
            "seq_len", "optimizer_offload", "step_time_s", "peak_memory_gib", "memory_kind", "kernels", "fused_head")
+# Columns a transcription may add after COLUMNS, blank where a row has no value: peak_seq_len, the longest
+# micro-batch's padded length where batches are padded to their longest sample (Workload.peak_seq_len; Liger's
+# example logs, whose transcribe.py estimates it from the logged token counts).
+OPTIONAL_COLUMNS = ("peak_seq_len",)
 STATUSES = ("ok", "skip")
 # What a transcribed memory figure is, and the schema's memory_kind it becomes (core.schema LABEL_COLUMNS):
 # ms-swift logs torch.cuda.max_memory_reserved() / 1024**3 as memory(GiB) (swift/trainers/patcher.py,
@@ -52,8 +56,10 @@ def read_rows(folder: Path) -> list[tuple[int, dict[str, str]]]:
     path = Path(folder) / CSV_NAME
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise ValueError(f"{path}: columns {reader.fieldnames} differ from the expected {list(COLUMNS)}")
+        names = tuple(reader.fieldnames or ())
+        if names[:len(COLUMNS)] != COLUMNS or not set(names[len(COLUMNS):]) <= set(OPTIONAL_COLUMNS):
+            raise ValueError(f"{path}: columns {reader.fieldnames} differ from the expected {list(COLUMNS)} "
+                             f"(optionally followed by {', '.join(OPTIONAL_COLUMNS)})")
         rows = [(line, r) for line, r in enumerate(reader, start=2)]
     for line, r in rows:
         if r["status"] not in STATUSES:
@@ -92,8 +98,9 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
     named = [t for t in tokens if t in OPTIMIZERS and t]
     if len(named) > 1:
         raise ValueError(f"kernels names {len(named)} optimizers ({', '.join(named)}); a run has one")
+    peak = (r.get("peak_seq_len") or "").strip()
     workload = Workload(objective=r["objective"], seq_len=_int(r, "seq_len"), global_batch=mb * ga * dp,
-                        precision="bf16", optimizer=named[0] if named else "")
+                        precision="bf16", optimizer=named[0] if named else "", peak_seq_len=int(peak) if peak else 0)
     plan = Plan(tp=_int(r, "tp"), pp=_int(r, "pp"), dp=dp, cp=_int(r, "cp"), ep=_int(r, "ep"),
                 sequence_parallel=_bool(r, "sequence_parallel"), zero=_int(r, "zero"), recompute=r["recompute"],
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),
