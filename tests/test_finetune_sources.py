@@ -479,3 +479,18 @@ def _scenarios(folder: str) -> list[Scenario]:
             model, cluster, workload, plan = scenario_of(r)
             out.append(Scenario(model=model, cluster=cluster, workload=workload, plan=plan))
     return out
+
+
+def test_msswift_deepspeed_rows_step_the_trainers_torch_adamw():
+    """ms-swift's DeepSpeed configs name no optimizer (swift/config/zero3.json at 3602360a), so transformers builds its
+    default `adamw_torch` and ZeRO-3 steps it per fp32 sub-group (sub_group_size 1e9): at the step, the sub-group's fp32
+    gradient (4 B) and foreach's exp_avg_sq_sqrt (4 B) per parameter, plus the ZeRO-3 reduce bucket (hidden^2 x 2 B)."""
+    from perfpredict.train.data import load_runs
+
+    runs = load_runs(COMMITTED / "msswift_examples")
+    ds = runs.filter(pl.col("p_framework") == "deepspeed")
+    assert ds.height == 6 and (ds["w_optimizer"] == "adamw_torch").all()  # bench-dense-zero2: step time only
+    assert (runs.filter(pl.col("p_framework") == "megatron")["w_optimizer"].fill_null("") == "").all()
+    r = runs.filter(pl.col("transcribed_row") == "liger-sft-8k-liger").row(0, named=True)
+    assert r["d_peak_moment"] == "step"
+    assert r["d_peak_other_gib"] == pytest.approx((1e9 * 8.0 + 3584**2 * 2.0) / 2**30, rel=1e-4)  # 7.47 GiB
