@@ -494,3 +494,22 @@ def test_msswift_deepspeed_rows_step_the_trainers_torch_adamw():
     r = runs.filter(pl.col("transcribed_row") == "liger-sft-8k-liger").row(0, named=True)
     assert r["d_peak_moment"] == "step"
     assert r["d_peak_other_gib"] == pytest.approx((1e9 * 8.0 + 3584**2 * 2.0) / 2**30, rel=1e-4)  # 7.47 GiB
+
+
+def test_rank_takes_the_longest_padded_batch():
+    """`rank --peak-seq-len`: the same plans, each composed at the longest batch's length for memory and at seq_len
+    for time; one clear line for a peak below the mean."""
+    from perfpredict.api import rank_report
+
+    kw = dict(model="llama-3.2-1b", gpu="h100-sxm-80gb", gpus=8, objective="sft", seq_len=1024, global_batch=64,
+              frameworks=["fsdp"])
+    a, b = rank_report(**kw).ranking.table, rank_report(**kw, peak_seq_len=2048).ranking.table
+    key = [k for k in a.columns if k.startswith("p_")]
+    j = a.join(b, on=key, suffix="_peak")
+    assert j.height == a.height == b.height
+    assert (j["mem_activations_gib_peak"] > j["mem_activations_gib"]).all()
+    assert (j["mem_logits_gib_peak"] > j["mem_logits_gib"]).all()
+    assert (j["stall_free_time_s_peak"] == j["stall_free_time_s"]).all()
+    bad = CliRunner().invoke(app, ["rank", "--model", "llama-3.2-1b", "--gpu", "h100-sxm-80gb", "--seq-len", "1024",
+                                   "--peak-seq-len", "512"])
+    assert bad.exit_code != 0 and "peak_seq_len (512)" in bad.output and "Traceback" not in bad.output
