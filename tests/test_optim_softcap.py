@@ -11,7 +11,7 @@ import pytest
 
 from perfpredict.core.catalog import get_gpu, get_model
 from perfpredict.core.errors import PerfPredictError
-from perfpredict.core.frameworks import BNB_8BIT_MOMENT_BYTES, DS_PREFETCH_BUCKET_HIDDEN2, OPTIMIZERS
+from perfpredict.core.frameworks import BNB_8BIT_MOMENT_BYTES, CAPABILITIES, DS_PREFETCH_BUCKET_HIDDEN2, OPTIMIZERS
 from perfpredict.core.hardware import Cluster
 from perfpredict.core.hf_config import model_from_hf_config
 from perfpredict.core.model import ModelSpec
@@ -174,7 +174,31 @@ def test_bnb_optimizer_plans_never_offload():
     w8 = list(enumerate_plans(m, cluster, Workload(optimizer="adamw_bnb_8bit")))
     assert any(p.optimizer_offload for p in default)
     assert w8 and not any(p.optimizer_offload for p in w8)
-    assert {p for p in default if not p.optimizer_offload} == set(w8)
+    hf = {f for f, c in CAPABILITIES.items() if c.hf_trainer}
+    assert {p for p in default if not p.optimizer_offload and p.framework in hf} == set(w8)
+
+
+@pytest.mark.parametrize("framework", [f for f, c in CAPABILITIES.items() if c.rankable and not c.hf_trainer])
+def test_a_named_optimizer_runs_only_under_transformers_trainer(framework):
+    # transformers' `optim` names are read by its Trainer loop only; Megatron and nanotron build their own optimizer,
+    # so a plan of theirs is neither ranked nor accepted for a workload that names one.
+    from perfpredict.core.frameworks import why_not
+    from perfpredict.core.scenario import Scenario
+    from perfpredict.features.plans import PlanSpace, enumerate_plans
+
+    m = get_model("llama-3.1-8b")
+    cap = CAPABILITIES[framework]
+    objective = cap.trainers[0].objectives[0] if cap.trainers else "dpo"  # one it runs (nanotron: pretraining)
+    w8 = Workload(objective=objective, optimizer="adamw_bnb_8bit")
+    cluster = Cluster(get_gpu("h100-sxm-80gb"), 8, 1)
+    assert any(enumerate_plans(m, cluster, Workload(objective=objective), PlanSpace(frameworks=(framework,))))
+    assert not any(enumerate_plans(m, cluster, w8, PlanSpace(frameworks=(framework,))))
+    plan = Plan(dp=8, framework=framework, zero=1 if framework != "fsdp2" else 3)
+    assert "builds its own optimizer" in why_not(plan, m, objective=objective, optimizer="adamw_bnb_8bit")
+    with pytest.raises(PerfPredictError, match="optim 'adamw_bnb_8bit' runs on"):
+        Scenario.from_dict({"model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm-80gb", "gpus": 8},
+                            "workload": {"objective": objective, "optimizer": "adamw_bnb_8bit"},
+                            "plan": {"framework": framework, "dp": 8, "zero": plan.zero}})
 
 
 def test_rank_cli_takes_the_optimizer():

@@ -673,17 +673,34 @@ class Refusal:
     tally: str
 
 
-def trainer_refusal(plan: Plan, objective: str, *, framework: str | None = None) -> Refusal | None:
-    """None when one of the framework's trainers runs `objective` on this plan, else why not: no trainer runs the
-    objective, or the one that does cannot run the plan's ZeRO stage, offload or recompute."""
-    cap = capability(framework or plan.framework)
-    if not cap.trainers:  # runs every objective itself (TRL's trainers and the TRL-driven runtimes)
-        return None
-    t = cap.trainer_for(objective)
-    if t is None:
+def pairing_refusal(framework: str, objective: str, optimizer: str = "") -> Refusal | None:
+    """None when the framework can run the workload at all, whatever the plan: one of its trainers runs `objective`
+    and builds the workload's `optimizer`; else why not. The plan generator asks this once per framework;
+    trainer_refusal asks it first."""
+    cap = capability(framework)
+    if optimizer and not cap.hf_trainer:
+        # OPTIMIZERS' names are transformers' `TrainingArguments.optim` values, which only the Trainer loop reads
+        # (trainer.py get_optimizer_cls_and_kwargs); Megatron (megatron/core/optimizer/__init__.py
+        # get_megatron_optimizer: apex/TE FusedAdam) and nanotron (its config's `optimizer_factory`) build their own.
+        hf = ", ".join(n for n, c in CAPABILITIES.items() if c.hf_trainer and c.rankable)
+        return Refusal(f"{cap.display} builds its own optimizer; transformers' optim {optimizer!r} runs on {hf} only",
+                       f"{cap.name}: no transformers optim")
+    if cap.trainers and cap.trainer_for(objective) is None:
         runs = "; ".join(f"{x.name}: {', '.join(x.objectives)}" for x in cap.trainers)
         return Refusal(f"no {cap.display} trainer runs {objective} (its trainers: {runs})",
                        f"{cap.name}: no trainer runs {objective}")
+    return None
+
+
+def trainer_refusal(plan: Plan, objective: str, *, framework: str | None = None,
+                    optimizer: str = "") -> Refusal | None:
+    """None when one of the framework's trainers runs `objective` on this plan, else why not: pairing_refusal, or
+    the trainer that runs the objective cannot run the plan's ZeRO stage, offload or recompute."""
+    cap = capability(framework or plan.framework)
+    r = pairing_refusal(cap.name, objective, optimizer)
+    if r is not None or not cap.trainers:  # no trainer list: runs every objective itself (TRL and its runtimes)
+        return r
+    t = cap.trainer_for(objective)
     if t.zero_stages is not None and plan.zero not in t.zero_stages:
         return Refusal(f"{t.name} runs zero {', '.join(map(str, t.zero_stages))}, not zero {plan.zero}",
                        f"{cap.name}: its {objective} trainer runs no zero {plan.zero}")
@@ -712,7 +729,7 @@ def reference_swap_copies(framework: str, objective: str) -> int:
 
 
 def refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None,
-            objective: str | None = None) -> Refusal | None:
+            objective: str | None = None, optimizer: str = "") -> Refusal | None:
     """None when the framework (default: the plan's) can run the plan, else the Refusal of the first rule it breaks.
 
     The one legality rule: why_not, check and the plan generator (features.plans) all read it; with an objective
@@ -720,7 +737,7 @@ def refusal(plan: Plan, model: ModelSpec | None = None, *, framework: str | None
     cp | seq_len) stays with Scenario."""
     r = _table_refusal(plan, model, framework=framework)
     if r is None and objective is not None:
-        return trainer_refusal(plan, objective, framework=framework)
+        return trainer_refusal(plan, objective, framework=framework, optimizer=optimizer)
     return r
 
 
@@ -841,10 +858,10 @@ def _model_refusal(cap: Capability, plan: Plan, model: ModelSpec) -> Refusal | N
 
 
 def why_not(plan: Plan, model: ModelSpec | None = None, *, framework: str | None = None,
-            objective: str | None = None) -> str | None:
-    """None when the framework (default: the plan's) can run the plan (for `objective`, when given), else one clause
-    saying why not."""
-    r = refusal(plan, model, framework=framework, objective=objective)
+            objective: str | None = None, optimizer: str = "") -> str | None:
+    """None when the framework (default: the plan's) can run the plan (for `objective` and the workload's
+    `optimizer`, when given), else one clause saying why not."""
+    r = refusal(plan, model, framework=framework, objective=objective, optimizer=optimizer)
     return r.reason if r else None
 
 

@@ -106,7 +106,7 @@ class Scenario:
                 if split:
                     plan = Plan.from_dict({**plan_d, "stage_layers": list(split)})
         scenario = cls(model=model, cluster=cluster, workload=workload, plan=plan)
-        reason = why_not(plan, model, objective=workload.objective)
+        reason = why_not(plan, model, objective=workload.objective, optimizer=workload.optimizer)
         if reason:
             raise PerfPredictError(f"{plan.framework} cannot run this plan: {reason}")
         return scenario

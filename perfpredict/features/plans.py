@@ -21,6 +21,7 @@ from perfpredict.core.frameworks import (
     Capability,
     capability,
     expand_backends,
+    pairing_refusal,
     refusal,
     stage_layers,
     trainer_refusal,
@@ -270,12 +271,12 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
     rej = rejections if rejections is not None else Rejections()
     trainer_refusals: dict[tuple, object] = {}
     caps = []
-    for f in space.frameworks:  # only frameworks one of whose trainers runs the objective (core.frameworks.Trainer)
-        cap = capability(f)
-        if cap.trainer_for(workload.objective) is None:
-            rej.add(trainer_refusal(Plan(framework=f), workload.objective).tally)
+    for f in space.frameworks:  # only frameworks that run the objective with the optimizer (pairing_refusal)
+        refused = pairing_refusal(f, workload.objective, workload.optimizer)
+        if refused is not None:
+            rej.add(refused.tally)
         else:
-            caps.append(cap)
+            caps.append(capability(f))
     for tp, pp, cp, dp in _layouts(model, cluster, workload, space, rej):
         per_replica = workload.global_batch // dp
         for cap in caps:

@@ -51,7 +51,7 @@ def _fit_torchrun(plan: Plan, workload: Workload, model: ModelSpec) -> str | Non
         return f"{plan.framework} plans are not emitted (nanotron reads its own YAML config)"
     # The trainer that runs the objective (NeMo-Aligner's DPO on Megatron, NeMo-RL on FSDP2 ...) and its limits:
     # core.frameworks' one legality rule.
-    return _FIT[own](plan, model) or why_not(plan, model, objective=workload.objective)
+    return _FIT[own](plan, model) or why_not(plan, model, objective=workload.objective, optimizer=workload.optimizer)
     return None
 
 
@@ -68,7 +68,7 @@ def fit(target: str, plan: Plan, workload: Workload, model: ModelSpec) -> str | 
         return _fit_torchrun(plan, workload, model)
     if target not in _FIT:
         raise PerfPredictError(f"unknown emit target {target!r}; accepted: {', '.join([*_FIT, 'torchrun'])}")
-    return _FIT[target](plan, model) or why_not(plan, model, objective=workload.objective)
+    return _FIT[target](plan, model) or why_not(plan, model, objective=workload.objective, optimizer=workload.optimizer)
 
 
 # --------------------------------------------------------------------------------------------------------------------
