@@ -14,6 +14,7 @@ import pytest
 
 from perfpredict.core.catalog import get_gpu, get_model, gpu_catalog, model_catalog, model_catalog_raw
 from perfpredict.core.errors import PerfPredictError
+from perfpredict.core.hardware import GPUSpec
 from perfpredict.core.model import ModelSpec
 
 GPU_NAMES = sorted(gpu_catalog())
@@ -119,6 +120,46 @@ def test_gpu_figures_are_sane(name):
     assert 0 < gpu.inter_node_bw_gb_per_s <= gpu.intra_node_bw_gb_per_s <= 1000
     assert 0 <= gpu.pcie_gb_per_s <= 128
     assert gpu.sms >= 0 and gpu.l2_mib >= 0
+
+
+@pytest.mark.parametrize("name", GPU_NAMES)
+def test_gpu_clock_and_fabric_are_stated_and_cited(name):
+    """Every GPU entry states its boost clock (the kernel models count fixed costs in cycles) and how its GPUs reach
+    each other (NCCL's per-hop latency differs by link kind), and a source with a URL states the clock; CPU hosts
+    state "none" and no clock."""
+    gpu = get_gpu(name)
+    if gpu.is_cpu:
+        assert gpu.intra_node_fabric == "none" and gpu.boost_clock_mhz == 0 and gpu.nvlink_generation == 0
+        return
+    # 1,000-3,000 MHz: every datacenter/consumer part since Volta (V100 1,530, RTX PRO 6000 2,617).
+    assert 1000 <= gpu.boost_clock_mhz <= 3000, f"{name}: boost clock {gpu.boost_clock_mhz} MHz"
+    clock = f"{gpu.boost_clock_mhz:,.0f}".replace(",", "")
+    assert any("http" in s and ("clock" in s.lower()) and (clock in s.replace(",", "") or "GHz" in s)
+               for s in gpu.sources), f"{name}: no source with a URL states the {clock} MHz boost clock"
+    assert gpu.intra_node_fabric in {"nvswitch", "nvlink", "xgmi", "pcie"}
+    # The fabric agrees with the bandwidths: a PCIe-only entry's intra-node rate is its PCIe link's.
+    assert (gpu.intra_node_fabric == "pcie") == (gpu.intra_node_bw_gb_per_s <= gpu.pcie_gb_per_s)
+    assert (gpu.nvlink_generation > 0) == (gpu.intra_node_fabric in {"nvswitch", "nvlink"})
+    assert gpu.intra_node_link == ("pcie" if gpu.intra_node_fabric == "pcie" else "nvlink")
+
+
+def test_clock_and_fabric_reference_values():
+    """Spot checks against the cited sheets: A100 whitepaper 1,410 MHz and NVLink 3 via NVSwitch; V100 whitepaper
+    1,530 MHz, NVLink 2 point to point (DGX-1 cube mesh); L40S (TechPowerUp) 2,520 MHz over PCIe."""
+    a100, v100, l40s = get_gpu("a100-sxm-80gb"), get_gpu("v100-sxm-32gb"), get_gpu("l40s")
+    assert (a100.boost_clock_mhz, a100.intra_node_fabric, a100.nvlink_generation) == (1410, "nvswitch", 3)
+    assert (v100.boost_clock_mhz, v100.intra_node_fabric, v100.nvlink_generation) == (1530, "nvlink", 2)
+    assert (l40s.boost_clock_mhz, l40s.intra_node_fabric, l40s.intra_node_link) == (2520, "pcie", "pcie")
+
+
+@pytest.mark.parametrize("bad, match", [({"boost_clock_mhz": -1.0}, "boost_clock_mhz"),
+                                        ({"intra_node_fabric": "infiniband"}, "intra_node_fabric must be one of"),
+                                        ({"intra_node_fabric": "nvswitch"}, "needs an nvlink_generation"),
+                                        ({"intra_node_fabric": "pcie", "nvlink_generation": 4}, "must be 0")])
+def test_gpu_clock_and_fabric_are_checked(bad, match):
+    d = get_gpu("h100-sxm-80gb").to_dict() | {"nvlink_generation": 0} | bad
+    with pytest.raises(PerfPredictError, match=match):
+        GPUSpec.from_dict(d)
 
 
 def test_dense_is_half_of_sparse_for_known_parts():

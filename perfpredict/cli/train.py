@@ -33,6 +33,7 @@ TABLE_COLUMNS = (
     ("time_interval_ratio", "width"), ("time_weight_mean", "applic."), ("mem_n", "mem n"), ("mem_mape", "mem MAPE"),
     ("mem_analytic_mape", "analytic"), ("mem_coverage", "cover90"), ("mem_interval_ratio", "width"),
     ("false_oom", "false OOM"), ("false_oom_analytic", "analytic"), ("missed_oom", "missed OOM"),
+    ("missed_oom_analytic", "analytic"),
     ("at_risk", "at risk"), ("failed_unknown_n", "failed ?"), ("failed_unknown_fits", "called fits"),
     ("missed_oom_implied", "implied OOM called fits"), ("rank_spearman", "Spearman"), ("rank_top1_regret", "regret"),
 )

@@ -9,6 +9,9 @@ from perfpredict.core.errors import PerfPredictError, check_int, check_number, c
 
 MAX_GPUS_PER_NODE = 1024
 MAX_NODES = 1 << 20
+# How a node's GPUs reach each other (NCCL's topology search tells the same kinds apart: NVLink through NVSwitch or
+# point to point, or PCIe through the host; src/graph/topo.h LINK_NVL / LINK_PCI). "none": a CPU host.
+INTRA_NODE_FABRICS = ("nvswitch", "nvlink", "xgmi", "pcie", "none")
 GPU_LIMITS = {"memory_gib": 1e5, "bf16_tflops": 1e6, "fp16_tflops": 1e6, "fp32_tflops": 1e6, "hbm_tb_per_s": 1e4,
               "intra_node_bw_gb_per_s": 1e5, "inter_node_bw_gb_per_s": 1e5}
 
@@ -34,6 +37,13 @@ class GPUSpec:
     # plans are checked against (Cluster.host_ram_gib_per_node overrides it); 0 on CPU hosts, whose "device" memory
     # already is host memory.
     node_host_ram_gib: float = 0.0
+    # Datasheet maximum boost clock of the SMs (0 = not stated: CPU hosts, a user's GPU object). Fixed per-kernel costs
+    # are counted in cycles, so they scale with it (models.kernels: GEMM launch floor, NCCL's per-step latency).
+    boost_clock_mhz: float = 0.0
+    # The fabric between the GPUs of one node in the configuration the entry describes (INTRA_NODE_FABRICS; "" = not
+    # stated, read from the bandwidths: intra_node_link) and the NVLink generation it runs (0 = no NVLink there).
+    intra_node_fabric: str = ""
+    nvlink_generation: int = 0
     sources: tuple[str, ...] = field(default=())
     notes: str = ""
     # CPU hosts only: which measuring machine this entry describes (the fingerprint's cpu_model and its vector ISA
@@ -49,6 +59,15 @@ class GPUSpec:
         for f in ("fp8_tflops", "l2_mib", "pcie_gb_per_s", "node_host_ram_gib"):
             check_number(f"gpu {self.name!r}: {f}", getattr(self, f), 0.0, 1e6)
         check_int(f"gpu {self.name!r}: sms", self.sms, 0, 1 << 20)
+        check_number(f"gpu {self.name!r}: boost_clock_mhz (0 = not stated)", self.boost_clock_mhz, 0.0, 1e4)
+        require(self.intra_node_fabric in ("", *INTRA_NODE_FABRICS),
+                f"gpu {self.name!r}: intra_node_fabric must be one of {', '.join(INTRA_NODE_FABRICS)} (or empty), "
+                f"got {self.intra_node_fabric!r}")
+        check_int(f"gpu {self.name!r}: nvlink_generation (0 = none)", self.nvlink_generation, 0, 16)
+        nvl = self.intra_node_fabric in ("nvswitch", "nvlink") and self.vendor == "nvidia"
+        require(not self.intra_node_fabric or nvl == (self.nvlink_generation > 0),
+                f"gpu {self.name!r}: intra_node_fabric {self.intra_node_fabric!r} "
+                + ("needs an nvlink_generation" if nvl else "runs no NVLink, so nvlink_generation must be 0"))
         require(isinstance(self.sources, (list, tuple)), f"gpu {self.name!r}: sources must be a list")
         object.__setattr__(self, "sources", tuple(self.sources))
         require(isinstance(self.host_isa, (list, tuple)), f"gpu {self.name!r}: host_isa must be a list")
@@ -60,11 +79,14 @@ class GPUSpec:
 
     @property
     def intra_node_link(self) -> str:
-        """"nvlink" (NVLink, xGMI: a GPU-to-GPU fabric) or "pcie": a card whose intra-node rate is no better than
-        its own PCIe link has no fabric, so its collectives cross PCIe (the catalog's L40S, RTX PRO 6000, A10G).
-        NCCL charges each hop of the two its own latency (models.kernels.NCCL_HOP_LATENCY_US); "none" on CPU hosts."""
-        if self.is_cpu:
+        """"nvlink" (NVLink, xGMI: a GPU-to-GPU fabric) or "pcie": the entry's intra_node_fabric where stated (every
+        catalog entry), else a card whose intra-node rate is no better than its own PCIe link has no fabric, so its
+        collectives cross PCIe (the catalog's L40S, RTX PRO 6000, A10G). NCCL charges each hop of the two its own
+        latency (models.kernels.NCCL_HOP_LATENCY_US); "none" on CPU hosts."""
+        if self.is_cpu or self.intra_node_fabric == "none":
             return "none"
+        if self.intra_node_fabric:
+            return "pcie" if self.intra_node_fabric == "pcie" else "nvlink"
         return "pcie" if self.pcie_gb_per_s and self.intra_node_bw_gb_per_s <= self.pcie_gb_per_s else "nvlink"
 
     def to_dict(self) -> dict[str, Any]:

@@ -194,9 +194,10 @@ MEMORY_PARTS = ("mem_states_gib", "mem_activations_gib", "mem_logits_gib", "mem_
 FIT_COLUMNS = ("fit_verdict", "oom_risk", "oom_margin", "fit_limit_gib", "r_usable_gib", "r_hidden_gib",
                "r_context_gib", "r_nccl_gib")
 
-# The pipeline-stall regime of a plan (models.stall): P(stall), the stall-free and the stalled step, and their
-# expectation stall_free_time_s x (1 - stall_risk) + stalled_time_s x stall_risk with the throughput it gives (what
-# `rank` orders by); step_time_s is the stall-free step unless a stall is likely (models.stall.point_time).
+# The pipeline-stall regime of a plan (models.stall): P(stall), the stall-free and the stalled step, their expected
+# step stall_free_time_s x (1 - stall_risk) + stalled_time_s x stall_risk, and the throughput expected over the two
+# regimes (what `rank` orders by: the mean of their throughputs, models.stall.expected_steps_per_s); step_time_s is
+# the stall-free step unless a stall is likely (models.stall.point_time).
 STALL_COLUMNS = ("stall_risk", "stall_free_time_s", "stalled_time_s", "expected_time_s", "expected_samples_per_s")
 
 # The ranking `rank` returns (predictor.rank.Ranking.table), in this column order.

@@ -9,7 +9,7 @@ skips only redundant plans (ZeRO over one replica without offload), counted with
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -149,16 +149,36 @@ LAYOUT_PROBE_MEMO = 50_000  # layouts remembered (a 1,024-GPU ranking asks ~600 
 _LAYOUT_PROBES: dict[tuple, tuple[Plan, tuple[int, ...]] | str] = {}
 
 
+_PROBES: dict[tuple, object] = {}  # _remembered's answers (LAYOUT_PROBE_MEMO entries)
+
+
+def _remembered(key: tuple, answer: Callable[[], object]) -> object:
+    """answer(), remembered per process under `key` like the layout probes (_layout_probe): for the probes of a
+    layout's plan (its stage split, offloads, sequence parallelism, recompute), which read the plan, the
+    capability table and the model, never the workload or the cluster (a new scenario of the same model asks them
+    again: ~40 % of its enumeration)."""
+    if key not in _PROBES:
+        if len(_PROBES) >= LAYOUT_PROBE_MEMO:
+            _PROBES.clear()
+        _PROBES[key] = answer()
+    return _PROBES[key]
+
+
 def _stage_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejections) -> tuple[int, ...] | None:
     """The framework's own split of the layers over the stages (() when even), or None when it cannot run one."""
     if base.pp == 1:
         return ()
-    split = stage_layers(cap, model.layers, base.pp)
-    r = refusal(replace(base, stage_layers=split or ()), model)
-    if r:
-        rej.add(r.tally)
+
+    def answer() -> tuple[int, ...] | str:  # the split, or the tally of its refusal (counted at every enumeration)
+        split = stage_layers(cap, model.layers, base.pp)
+        r = refusal(replace(base, stage_layers=split or ()), model)
+        return r.tally if r else (() if len(set(split)) == 1 else split)
+
+    hit = _remembered(("stages", cap.name, model, base), answer)
+    if isinstance(hit, str):
+        rej.add(hit)
         return None
-    return () if len(set(split)) == 1 else split
+    return hit
 
 
 def _schedules(cap: Capability, base: Plan, model: ModelSpec, grad_accum: int,
@@ -205,9 +225,13 @@ def _ep_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejections) 
     return (1, *eps)
 
 
-def _offloads(base: Plan, zero: int, dp: int, offload: bool) -> list[tuple[bool, bool]] | None:
+def _offloads(base: Plan, zero: int, dp: int, offload: bool) -> tuple[tuple[bool, bool], ...] | None:
     """(optimizer_offload, param_offload) pairs the framework runs at this ZeRO stage; None when the stage over one
-    data-parallel replica would shard nothing and no offload makes it worth running."""
+    data-parallel replica would shard nothing and no offload makes it worth running. Remembered (_remembered)."""
+    return _remembered(("offloads", base, zero, dp, offload), lambda: _offloads_of(base, zero, dp, offload))
+
+
+def _offloads_of(base: Plan, zero: int, dp: int, offload: bool) -> tuple[tuple[bool, bool], ...] | None:
     at_zero = replace(base, zero=zero)
     offload_ok = offload and refusal(replace(at_zero, optimizer_offload=True)) is None
     if dp == 1 and zero > 0 and not offload_ok:
@@ -215,7 +239,7 @@ def _offloads(base: Plan, zero: int, dp: int, offload: bool) -> list[tuple[bool,
     offloads = [(True, False)] if dp == 1 and zero > 0 else [(False, False)] + ([(True, False)] if offload_ok else [])
     if offload_ok and refusal(replace(at_zero, optimizer_offload=True, param_offload=True)) is None:
         offloads.append((True, True))
-    return offloads
+    return tuple(offloads)  # shared by the enumerations that remember it
 
 
 def refuse_host_ram(described: pl.DataFrame, *, host_ram_gib_per_node: float, rej: Rejections) -> pl.DataFrame:
@@ -289,7 +313,8 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
                 continue
             base = replace(base, stage_layers=stages)
             sps: tuple[bool, ...] = (False,)
-            if tp > 1 and refusal(replace(base, sequence_parallel=True), model) is None:
+            if tp > 1 and _remembered(("sp", model, base),
+                                      lambda b=base: refusal(replace(b, sequence_parallel=True), model) is None):
                 sps = (False, True)
             if True in sps and workload.seq_len % tp:
                 rej.add("sequence parallel: seq_len not divisible by tp")
@@ -297,7 +322,9 @@ def _plan_fields(model: ModelSpec, cluster: Cluster, workload: Workload, space: 
             eps = _ep_choices(cap, model, base, rej)
             # What depends on neither the micro-batch nor the schedule is asked once per layout and framework;
             # its rejections are still counted at every combination they stop, as before.
-            rc_refusals = {rc: refusal(replace(base, recompute=rc)) for rc in space.recompute}
+            rc_refusals = {rc: _remembered(("recompute", base, rc),
+                                           lambda b=base, rc=rc: refusal(replace(b, recompute=rc)))
+                           for rc in space.recompute}
             # An optimizer whose kernels need the GPU (core.frameworks Optimizer.host_step) never steps offloaded.
             offload_by_zero = {zero: _offloads(base, zero, dp, space.offload and OPTIMIZERS[workload.optimizer].host_step)
                                for zero in zeros}

@@ -20,6 +20,7 @@ from perfpredict.importers import (
     liger_examples,
     msswift,
     nemo_automodel,
+    oom_reports,
     playbook,
     vidur,
     vtrain,
@@ -28,7 +29,7 @@ from perfpredict.importers import (
 IMPORTERS = {"vtrain": vtrain, "ultrascale_playbook": playbook, "vidur": vidur, "azure_ai_benchmarking": azure,
              "aiconfigurator": aiconfigurator}
 TRANSCRIBED = {"msswift_examples": msswift, "nemo_automodel": nemo_automodel, "liger_hf_examples": liger_examples,
-               "alignment_handbook": alignment_handbook, "hf_blog_ds_fsdp": hf_blog_ds_fsdp}
+               "alignment_handbook": alignment_handbook, "hf_blog_ds_fsdp": hf_blog_ds_fsdp, "oom_reports": oom_reports}
 
 
 # Where the transcriptions are committed (the repository's datasets/public): an import into another folder still

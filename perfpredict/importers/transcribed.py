@@ -33,7 +33,14 @@ COLUMNS = ("row_id", "upstream_path", "upstream_lines", "upstream_commit", "head
 # micro-batch's padded length where batches are padded to their longest sample (Workload.peak_seq_len; Liger's
 # example logs, whose transcribe.py estimates it from the logged token counts).
 OPTIONAL_COLUMNS = ("peak_seq_len",)
-STATUSES = ("ok", "skip")
+# `oom`: the run failed with the CUDA out-of-memory error the source quotes (core.schema outcome `oom`); an `ok` row of
+# a fit-outcome source (Transcribed.fit_outcomes) may carry no label at all: "it ran" is its measurement.
+STATUSES = ("ok", "oom", "skip")
+# Optional trailing columns of a fit-outcome transcription: the numbers of PyTorch's OOM message, in GiB (blank where
+# the message does not give them): the request that failed, what PyTorch had allocated and reserved when it did, and
+# the capacity the driver reported. Evidence beside the `oom` outcome (the need was above allocated + tried), never a
+# peak label.
+OOM_COLUMNS = ("oom_tried_gib", "oom_allocated_gib", "oom_reserved_gib", "oom_capacity_gib")
 # What a transcribed memory figure is, and the schema's memory_kind it becomes (core.schema LABEL_COLUMNS):
 # ms-swift logs torch.cuda.max_memory_reserved() / 1024**3 as memory(GiB) (swift/trainers/patcher.py,
 # swift/megatron/callbacks/print.py), i.e. the allocator's reserved peak, not the tensors' allocated peak.
@@ -49,6 +56,9 @@ class Transcribed:
     upstream: Upstream
     module: str  # the importer module's short name (command provenance)
     section: str  # SOURCE.md text above the generated row listing
+    # Fit outcomes (ran / out of memory) rather than timings: `oom` rows and label-free `ok` rows are allowed, and
+    # the transcription carries OOM_COLUMNS.
+    fit_outcomes: bool = False
 
 
 def read_rows(folder: Path) -> list[tuple[int, dict[str, str]]]:
@@ -57,9 +67,12 @@ def read_rows(folder: Path) -> list[tuple[int, dict[str, str]]]:
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         names = tuple(reader.fieldnames or ())
-        if names[:len(COLUMNS)] != COLUMNS or not set(names[len(COLUMNS):]) <= set(OPTIONAL_COLUMNS):
+        extra = names[len(COLUMNS):]
+        oom = tuple(x for x in extra if x in OOM_COLUMNS)
+        if (names[:len(COLUMNS)] != COLUMNS or not set(extra) <= set(OPTIONAL_COLUMNS + OOM_COLUMNS)
+                or oom not in ((), OOM_COLUMNS)):
             raise ValueError(f"{path}: columns {reader.fieldnames} differ from the expected {list(COLUMNS)} "
-                             f"(optionally followed by {', '.join(OPTIONAL_COLUMNS)})")
+                             f"(optionally followed by {list(OOM_COLUMNS)} and/or {', '.join(OPTIONAL_COLUMNS)})")
         rows = [(line, r) for line, r in enumerate(reader, start=2)]
     for line, r in rows:
         if r["status"] not in STATUSES:
@@ -108,7 +121,9 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
                 # `kernels` token eager_attention: transformers' eager attention ran (plan eager_attention)
                 eager_attention="eager_attention" in tokens,
                 # `kernels` token reentrant_checkpoint: transformers' gradient_checkpointing with use_reentrant true
-                reentrant_checkpoint="reentrant_checkpoint" in tokens)
+                reentrant_checkpoint="reentrant_checkpoint" in tokens,
+                # `kernels` token param_offload: DeepSpeed ZeRO-3 offload_param (a zero3_offload config)
+                param_offload="param_offload" in tokens)
     return model, cluster, workload, plan
 
 
@@ -117,15 +132,19 @@ def import_runs(folder: Path, spec: Transcribed) -> pl.DataFrame:
     folder = Path(folder)
     rows: list[dict[str, Any]] = []
     for line, r in read_rows(folder):
-        if r["status"] != "ok":
+        if r["status"] == "skip":
             continue
+        if r["status"] == "oom" and not spec.fit_outcomes:
+            raise ValueError(f"{folder / CSV_NAME}:{line} ({r['row_id']}): an oom row needs a fit-outcome source")
         try:
             model, cluster, workload, plan = scenario_of(r)
         except (ValueError, KeyError) as e:  # PerfPredictError is a ValueError
             raise ValueError(f"{folder / CSV_NAME}:{line} ({r['row_id']}): {e}") from None
         flat, problem = scenario_row(model, cluster, workload, plan)
         step, mem = _float(r, "step_time_s"), _float(r, "peak_memory_gib")
-        if step is None and mem is None:
+        if r["status"] == "oom" and (step is not None or mem is not None):
+            raise ValueError(f"{folder / CSV_NAME}:{line} ({r['row_id']}): an oom row has no step time or peak")
+        if r["status"] == "ok" and step is None and mem is None and not spec.fit_outcomes:
             raise ValueError(f"{folder / CSV_NAME}:{line} ({r['row_id']}): an ok row needs a step time or a memory")
         if mem is not None and r["memory_kind"] not in MEMORY_KINDS:
             raise ValueError(f"{folder / CSV_NAME}:{line}: memory_kind {r['memory_kind']!r}; accepted: "
@@ -138,10 +157,13 @@ def import_runs(folder: Path, spec: Transcribed) -> pl.DataFrame:
             notes.append(f"capability table: {refused}")
         if r["kernels"]:
             notes.append(f"kernels: {r['kernels']}")
+        oom = oom_message(r)
+        if oom:
+            notes.append(oom)
         rows.append({
             **flat,
             "run_id": run_id(spec.upstream.folder, CSV_NAME, line, r["row_id"]),
-            "outcome": "ok", "error": None,
+            "outcome": r["status"], "error": (oom or "CUDA out of memory") if r["status"] == "oom" else None,
             "step_time_s": step,
             "tokens_per_s": None if step is None else tokens / step,
             "samples_per_s": None if step is None else workload.global_batch / step,
@@ -160,6 +182,16 @@ def import_runs(folder: Path, spec: Transcribed) -> pl.DataFrame:
             "kernels": r["kernels"] or None,
         })
     return runs_frame(rows)
+
+
+def oom_message(r: dict[str, str]) -> str:
+    """The OOM message's numbers of a row, as one line ("" where the row has none)."""
+    vals = {k: (r.get(k) or "").strip() for k in OOM_COLUMNS}
+    if not any(vals.values()):
+        return ""
+    names = {"oom_tried_gib": "tried to allocate", "oom_allocated_gib": "allocated by PyTorch",
+             "oom_reserved_gib": "reserved by PyTorch", "oom_capacity_gib": "GPU capacity"}
+    return "OOM message: " + ", ".join(f"{names[k]} {float(v):g} GiB" for k, v in vals.items() if v)
 
 
 def listing(folder: Path) -> str:

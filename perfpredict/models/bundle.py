@@ -35,7 +35,15 @@ from perfpredict.models.plan_model import (
     correction_from_meta,
     correction_meta,
 )
-from perfpredict.models.stall import STALL_FILE, StallModel, load_stall, mixture_bounds, point_time, stall_free
+from perfpredict.models.stall import (
+    STALL_FILE,
+    StallModel,
+    expected_steps_per_s,
+    load_stall,
+    mixture_bounds,
+    point_time,
+    stall_free,
+)
 
 MODEL_SCHEMA_VERSION = 3
 
@@ -153,11 +161,12 @@ class Bundle:
         free = stall_free(t, k, keys, self.time_intervals.outside_keys_)
         t_lo, t_hi = t * 10**tlo, t * 10**thi
         p_stall, stalled, expected = np.zeros(df.height), free, t  # one regime: the correction as it is
+        rate = 1.0 / t
         if self.stall is not None:
             # Two regimes: stall-free (the correction, its interval) and stalled (plus micro-batches x the stall's
             # size, its spread added to the stall-free bounds). The point is the regime that minimises the expected
             # relative error (models.stall.point_time: the stall-free step unless a stall is likely), the interval
-            # the mixture's 5th-95th percentiles, and the expectation is what `rank` orders by.
+            # the mixture's 5th-95th percentiles, and the expected throughput is what `rank` orders by.
             # Outside the stall model's scope (one node, a family without measured stalls) the correction stands
             # as it is: no regime split is known there.
             scope = self.stall.in_scope(df)
@@ -166,6 +175,7 @@ class Bundle:
             s, s_lo, s_hi = (np.where(scope, v, 0.0) for v in self.stall.stall_s(df))
             stalled = free + s
             expected = free + p_stall * s
+            rate = expected_steps_per_s(free, stalled, p_stall)  # what `rank` orders by
             t = point_time(free, stalled, p_stall)
             f_lo, f_hi = free * 10**tlo, free * 10**thi
             t_lo, t_hi = mixture_bounds(free, f_lo, f_hi, stalled, f_lo + s_lo, f_hi + s_hi, p_stall)
@@ -182,7 +192,7 @@ class Bundle:
         v = verdict(mem, mem_lo, mem_hi, usable, a, b)
         return {"pred_time_s": t, "pred_time_lo_s": t_lo, "pred_time_hi_s": t_hi, "time_weight": wt,
                 "pred_free_time_s": free, "pred_stalled_time_s": stalled, "pred_stall_p": p_stall,
-                "pred_expected_time_s": expected,
+                "pred_expected_time_s": expected, "pred_expected_steps_per_s": rate,
                 "pred_mem_gib": mem, "pred_mem_lo_gib": mem_lo, "pred_mem_hi_gib": mem_hi, "mem_weight": wm,
                 **{k: res[k].to_numpy() for k in ("r_context_gib", "r_nccl_gib", "r_hidden_gib", "r_usable_gib")},
                 **v, "pred_fits": v["fit_verdict"] == FITS}

@@ -333,7 +333,13 @@ def _optimizer(b: pl.DataFrame) -> list[pl.DataFrame]:
 
 def kernel_queries(desc: pl.DataFrame) -> pl.DataFrame:
     """Every kernel one rank runs in a step, for each plan row of a descriptor frame (with its count)."""
-    return _queries(_base(desc))
+    q = _queries(_base(desc))
+    return q.with_columns(family=_families(q["op"]))
+
+
+def _families(op: pl.Series) -> pl.Series:
+    """kernels.family_of per row, each distinct op's once."""
+    return op.replace_strict({o: family_of(o) for o in op.unique().to_list()}, return_dtype=pl.Utf8)
 
 
 # The _base columns the compute kernels (_gemms, _attention, _membound) read: a rank's work shape. Plans that differ
@@ -345,20 +351,20 @@ COMPUTE_INPUTS = ("hardware", "dtype", "T", "T_sp", "Lps", "mbs", "V", "a", "kv"
 
 
 def _queries(b: pl.DataFrame, work: pl.DataFrame | None = None) -> pl.DataFrame:
-    """kernel_queries from _base's columns, which are all they read; the compute kernels from `work` (rows of
-    COMPUTE_INPUTS with their own row ids) where given."""
+    """kernel_queries from _base's columns, which are all they read, less the family (_kernel_parts finds each
+    distinct kernel's, kernel_queries each row's); the compute kernels from `work` (rows of COMPUTE_INPUTS with
+    their own row ids) where given."""
     # The kernel functions build lazy frames, collected once as one query: ~40 small selects each paid polars'
     # fixed cost per call, which at a ranking's size was most of their time.
     w = (b if work is None else work).lazy()
     lb = b.lazy()
     frames = _gemms(w) + _attention(w) + _membound(w) + _comm(lb) + _expert_parallel(lb) + _optimizer(lb)
-    frames = [f if "part" in f.collect_schema().names() else f.with_columns(part=pl.lit("compute")) for f in frames]
-    q = pl.concat(frames, how="diagonal_relaxed")
+    # Every frame that names its part names it by a literal, so a null part is a frame that names none: compute
+    # (one expression where asking each frame's schema resolved ~40 plans).
+    q = pl.concat(frames, how="diagonal_relaxed").with_columns(part=c("part").fill_null("compute"))
     have = q.collect_schema().names()
-    q = q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k)
-                       for k in KERNEL_KEYS if k not in have).collect()
-    return q.with_columns(family=c("op").replace_strict(
-        {o: family_of(o) for o in q["op"].unique().to_list()}, return_dtype=pl.Utf8))
+    return q.with_columns(pl.lit(None, dtype=pl.Float64 if k == "link_gb_per_s" else pl.Int64).alias(k)
+                          for k in KERNEL_KEYS if k not in have).collect()
 
 
 def launch_floor_s(hardware: pl.Expr, floors: dict[str, float], key: str = "") -> pl.Expr:
@@ -502,12 +508,29 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     n = shapes.height
     tasks, of_task = distinct_rows(shapes.select(COMPUTE_INPUTS))
     q = _queries(shapes.with_row_index("row"), tasks.with_row_index("row", offset=n))
-    keys = list(KERNEL_KEYS) + ["family"]
-    # Each distinct kernel is predicted once; the group lists the queries that ask for it.
-    groups = q.select(keys).with_row_index("_q").group_by(keys).agg("_q")
-    kt = np.empty(q.height)
-    kt[groups["_q"].explode().to_numpy()] = np.repeat(kernels.predict_remembered(groups.drop("_q")),
-                                                      groups["_q"].list.len().to_numpy())
+    ids = q["row"].cast(pl.Int64).to_numpy()
+    # Each distinct kernel is predicted once; a group lists the queries that ask for it. The work shapes' queries
+    # (ids n.., first in q) and the rows' own are grouped apart, each on the keys it fills: a key null throughout a
+    # set tells none of its queries apart, and one group_by over ~100k queries and every key cost twice as much.
+    # The family is a function of the op: found per group (~1k), spread to the queries by their group.
+    n_work = int((ids >= n).sum())
+    assert (ids[:n_work] >= n).all(), "_queries lists the work shapes' queries first"
+    groups: list[pl.DataFrame] = []
+    of_group = np.empty(q.height, dtype=np.int64)
+    for start, part in ((0, q.head(n_work)), (n_work, q.slice(n_work))):
+        if not part.height:
+            continue
+        nulls = part.select(KERNEL_KEYS).null_count().row(0)
+        keys = [k for k, v in zip(KERNEL_KEYS, nulls, strict=True) if v < part.height]
+        g = part.select(keys).with_row_index("_q").group_by(keys).agg("_q")
+        first = sum(x.height for x in groups)
+        of_group[start + g["_q"].explode().to_numpy()] = np.repeat(np.arange(first, first + g.height),
+                                                                   g["_q"].list.len().to_numpy())
+        groups.append(g.select(pl.col(k) if k in keys else pl.lit(None, dtype=q.schema[k]).alias(k)
+                               for k in KERNEL_KEYS))
+    kinds = pl.concat(groups)
+    kinds = kinds.with_columns(family=_families(kinds["op"]))
+    kt = kernels.predict_remembered(kinds)[of_group]
     # Each row's sums, added up per row id in numpy (a group_by over ~100k queries cost more than the whole sum), from
     # numpy columns of the queries (polars' fixed cost per expression was most of this at a ranking's size): the
     # parts and the TRL families by one bincount each over (row id, part) and (row id, family) cells, which adds each
@@ -515,14 +538,14 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     # null count or backward share counts 0, as polars' fill_null did.
     parts, fams = (*PARTS, "dpgather", "trlfold"), TRL_FAMILIES
 
-    def codes(col: str, names: tuple[str, ...]) -> np.ndarray:
-        return q[col].replace_strict({v: i for i, v in enumerate(names)}, default=-1, return_dtype=pl.Int64
-                                     ).fill_null(-1).to_numpy()
+    def codes(col: pl.Series, names: tuple[str, ...]) -> np.ndarray:
+        return col.replace_strict({v: i for i, v in enumerate(names)}, default=-1, return_dtype=pl.Int64
+                                  ).fill_null(-1).to_numpy()
 
     def floats(col: str) -> np.ndarray:
         return q[col].cast(pl.Float64).fill_null(0.0).to_numpy() if col in q.columns else np.zeros(q.height)
 
-    part, fam = codes("part", parts), codes("family", fams)
+    part, fam = codes(q["part"], parts), codes(kinds["family"], fams)[of_group]
     timed = part == parts.index("compute")
     count_null = q["count"].is_null().to_numpy()
     count, rc, rf, eg = floats("count"), floats("rc"), floats("rf"), floats("eg")
@@ -541,7 +564,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
         "k_reference_s": np.where(timed, kt * rf, 0.0),
         "k_hf_eager_s": np.where(timed, kt * eg, 0.0),
     }
-    ids, rows = q["row"].cast(pl.Int64).to_numpy(), n + tasks.height
+    rows = n + tasks.height
     fam = np.where(timed, fam, -1)
 
     def cells(code: np.ndarray, width: int) -> np.ndarray:

@@ -18,7 +18,7 @@ def hardware_table() -> pl.DataFrame:
                      "hw_hbm_tb_per_s": g.hbm_tb_per_s, "hw_intra_gb_per_s": g.intra_node_bw_gb_per_s,
                      "hw_inter_gb_per_s": g.inter_node_bw_gb_per_s, "hw_memory_gib": g.memory_gib,
                      "hw_sms": float(g.sms), "hw_l2_mib": g.l2_mib, "hw_is_cpu": g.is_cpu,
-                     "hw_intra_link": g.intra_node_link})
+                     "hw_intra_link": g.intra_node_link, "hw_boost_clock_mhz": g.boost_clock_mhz})
     return pl.DataFrame(rows)
 
 

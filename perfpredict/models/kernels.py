@@ -66,18 +66,41 @@ def _algo_factor() -> pl.Expr:
 NCCL_BASE_LATENCY_US = {"ring": 6.6, "tree": 6.8}
 NCCL_HOP_LATENCY_US = {"ring": {"nvlink": 0.6, "pcie": 1.0, "net": 2.7},
                        "tree": {"nvlink": 0.6, "pcie": 1.0, "net": 5.0}}
+# NCCL's latencies are microseconds of one reference machine; they do not move with the GPU (tuning.cc keys only its
+# bandwidth caps on the compute capability: llMaxBws, perChMaxRingLL128Bws, lines 177-196 at 5067397c). Over NVLink
+# the small-message path is the GPU's own: LL kernels write 8-byte flag+data words and spin on the peer's (src/device/
+# prims_ll.h), so a step costs SM cycles and a slower clock is a longer step. The measured smallest all-reduces say
+# so: A100 (1,410 MHz) takes 1.45-1.61x the H100's (1,980 MHz) 6.2-15.6 us at 2-8 GPUs, the clock ratio being 1.40
+# (AIConfigurator, 512 B). So the NVLink part of alpha (base + intra-node hops) is read as cycles at
+# NCCL_LATENCY_CLOCK_MHZ (Hopper's: the table's current figures came with NCCL 2.19's Hopper tuning) and scaled by
+# the GPU's boost clock (GPUSpec.boost_clock_mhz). Over PCIe it is not: each step crosses the host's root complex,
+# and the PCIe cards' smallest all-reduces do not follow their clocks (L40S 2,520 MHz 7.7 us, RTX PRO 6000
+# 2,617 MHz 6.3 us at 2 GPUs). Network hops are the NIC's and stay as NCCL states them. The Blackwell parts' 1.4x
+# over Hopper at the same clock is not explained by any datasheet figure; the trees learn it from their SM count.
+NCCL_LATENCY_CLOCK_MHZ = 1980.0
 
 
-def collective_latency_s() -> pl.Expr:
+def _cycle_scale(ref_mhz: float) -> pl.Expr:
+    """ref_mhz / the GPU's boost clock: a fixed cycle count stated at ref_mhz, in seconds on this GPU (1 where the
+    clock is not stated: a user's GPU object, CPU hosts)."""
+    clk = c("hw_boost_clock_mhz").cast(pl.Float64).fill_null(0.0)
+    return pl.when(clk > 0).then(ref_mhz / clk).otherwise(1.0)
+
+
+def collective_latency_s(*, clock_scaled: bool = True) -> pl.Expr:
     """Seconds of per-message latency of a collective row (NCCL's alpha; 0 on CPU hosts, whose gloo collectives the
-    CPU model learns whole). Needs world_size, ranks_per_node, op and hw_intra_link (with_hardware)."""
+    CPU model learns whole). Needs world_size, ranks_per_node, op, hw_intra_link and hw_boost_clock_mhz
+    (with_hardware). clock_scaled: the NVLink part in cycles at the GPU's clock (NCCL_LATENCY_CLOCK_MHZ); off for
+    models fitted before it (KernelModel._clock_terms)."""
     n = c("world_size").cast(pl.Float64).fill_null(1.0)
     rpn = pl.min_horizontal(c("ranks_per_node").cast(pl.Float64).fill_null(n), n)
     nodes = (n / rpn).ceil()
+    pcie = c("hw_intra_link") == "pcie"
+    gpu = pl.when(pcie).then(1.0).otherwise(_cycle_scale(NCCL_LATENCY_CLOCK_MHZ)) if clock_scaled else pl.lit(1.0)
 
     def hop(algo: str) -> pl.Expr:
         lat = NCCL_HOP_LATENCY_US[algo]
-        return pl.when(c("hw_intra_link") == "pcie").then(lat["pcie"]).otherwise(lat["nvlink"])
+        return pl.when(pcie).then(lat["pcie"]).otherwise(lat["nvlink"]) * gpu
 
     net = {a: NCCL_HOP_LATENCY_US[a]["net"] for a in NCCL_HOP_LATENCY_US}
     op = c("op")
@@ -86,8 +109,8 @@ def collective_latency_s() -> pl.Expr:
     inter = (pl.when(nodes <= 1.0).then(0.0).when(op == "all_reduce").then(2.0 * (nodes - 1.0))
              .when(op.is_in(["all_gather", "reduce_scatter", "all_to_all"])).then(nodes - 1.0).otherwise(1.0))
     inter = pl.min_horizontal(inter, steps)
-    ring = NCCL_BASE_LATENCY_US["ring"] + (steps - inter) * hop("ring") + inter * net["ring"]
-    tree = NCCL_BASE_LATENCY_US["tree"] + 2.0 * ((rpn - 1.0) * hop("tree") + nodes.log(2) * net["tree"])
+    ring = NCCL_BASE_LATENCY_US["ring"] * gpu + (steps - inter) * hop("ring") + inter * net["ring"]
+    tree = NCCL_BASE_LATENCY_US["tree"] * gpu + 2.0 * ((rpn - 1.0) * hop("tree") + nodes.log(2) * net["tree"])
     nccl = pl.when(op == "all_reduce").then(pl.min_horizontal(ring, tree)).otherwise(ring)
     custom = 2.0 * hop("ring")
     us = (pl.when(c("hw_is_cpu") | (n <= 1.0)).then(0.0)
@@ -95,10 +118,21 @@ def collective_latency_s() -> pl.Expr:
     return us * 1e-6
 
 
-def roofline(df: pl.DataFrame, *, collective_latency: bool = True) -> pl.DataFrame:
+# A GEMM's fixed cost, in SM cycles: launch, the first tiles' loads filling the pipeline, the epilogue's stores. The
+# fastest GEMM of each GPU in AIConfigurator's grid takes 3,600-5,500 cycles at its boost clock (A100 2.5 us = 3,570;
+# H100 2.65 us = 5,250; B200 1.86 us = 3,680; L40S 1.74 us = 4,370; RTX PRO 6000 2.1 us = 5,500), whatever its
+# FLOPs, so the roofline's third bound is GEMM_LAUNCH_FLOOR_CYCLES / boost clock. In seconds the A100's floor is 1.4x
+# the H100's; without it the trees read the A100's small GEMMs (roofline 0.3-1 us at 312 TFLOPS) as the newer parts'
+# and predicted them up to 2x fast (32 % MAPE leave-one-GPU-out, 23 % with the floor).
+GEMM_LAUNCH_FLOOR_CYCLES = 5000.0
+
+
+def roofline(df: pl.DataFrame, *, collective_latency: bool = True, clock_terms: bool = True) -> pl.DataFrame:
     """Adds `roof_s` (datasheet lower bound on time) and the shape features every family uses. A collective's
     bound is alpha + bytes / link (collective_latency_s); collective_latency=False keeps the bandwidth term alone,
-    for kernel models fitted before the latency term existed (KernelModel.prepare decides)."""
+    for kernel models fitted before the latency term existed (KernelModel.prepare decides). clock_terms: the fixed
+    costs counted in cycles at the GPU's boost clock (a GEMM's launch floor, NCCL's NVLink latency); off for models
+    fitted before them."""
     df = with_hardware(df)
     dbytes = c("dtype").replace_strict(DTYPE_BYTES, default=2, return_dtype=pl.Float64)
     m, n, k = (c(x).cast(pl.Float64) for x in ("m", "n", "k"))
@@ -132,9 +166,12 @@ def roofline(df: pl.DataFrame, *, collective_latency: bool = True) -> pl.DataFra
     moved = (pl.when(fam == "gemm").then(gemm_bytes).when(fam == "attention").then(attn_bytes)
              .when(fam == "decode_attention").then(dec_bytes).when(fam == "moe").then(moe_bytes)
              .when(fam == "membound").then(mem_bytes).otherwise(coll_bytes))
-    alpha = collective_latency_s() if collective_latency else pl.lit(0.0)
+    alpha = collective_latency_s(clock_scaled=clock_terms) if collective_latency else pl.lit(0.0)
+    clk = c("hw_boost_clock_mhz").cast(pl.Float64).fill_null(0.0)
+    floor = (pl.when((fam == "gemm") & (clk > 0) & ~c("hw_is_cpu")).then(GEMM_LAUNCH_FLOOR_CYCLES / (clk * 1e6))
+             .otherwise(0.0)) if clock_terms else pl.lit(0.0)
     roof = (pl.when(fam == "collective").then(alpha + moved / link)
-            .otherwise(pl.max_horizontal(flops / peak, moved / hbm)))
+            .otherwise(pl.max_horizontal(flops / peak, moved / hbm, floor)))
     return df.with_columns(k_flops=flops, k_bytes=moved, k_cross_node=cross,
                            k_latency_s=pl.when(fam == "collective").then(alpha).otherwise(0.0)).with_columns(
         roof_s=pl.max_horizontal(roof, pl.lit(1e-9)))
@@ -177,6 +214,13 @@ COLLECTIVE_FEATURES = ("f_log_bytes", "f_world", "f_cross", "f_is_cpu", "f_op", 
 # and H100 no worse). Bundles saved with it keep it: the saved names choose the columns (kernel_features(names=)).
 GPU_DROPPED = ("f_rpn", "f_balance")
 GPU_FAMILIES_NEW_FEATURES = ("gemm", "attention", "decode_attention", "moe")
+# Where a row sits against its GPU's ridge point: log10(arithmetic intensity / (peak / memory bandwidth)) at the
+# row's dtype. Dimensionless, so it carries between GPUs where the balance alone does not: the A100's balance (153
+# FLOP/B) lies below every other GPU's bf16 balance (281-419), so trees given f_intensity and the GPU's rates had
+# to extrapolate, and its GEMMs near the ridge, 1.5-2x slower than either bound, were predicted from compute-bound
+# rows of the others. GEMM leave-one-GPU-out, A100: 23 -> 20 % (with the launch floor). Fed to the families in
+# RIDGE_FAMILIES only; a saved model's own names choose its columns.
+RIDGE_FAMILIES = ("gemm",)
 
 
 def kernel_features(df: pl.DataFrame, family: str | None = None, names: list[str] | None = None) -> pl.DataFrame:
@@ -197,8 +241,8 @@ def kernel_features(df: pl.DataFrame, family: str | None = None, names: list[str
     if fam == "collective":
         return pool.select(COLLECTIVE_FEATURES)
     if family in GPU_FAMILIES_NEW_FEATURES:  # GPU models only: the CPU ones (family.cpu) keep their list
-        return pool.drop(GPU_DROPPED)
-    return pool.drop("f_rpn")
+        return pool.drop(GPU_DROPPED + (() if family in RIDGE_FAMILIES else ("f_ridge",)))
+    return pool.drop("f_rpn", "f_ridge")
 
 
 def _moe_features(df: pl.DataFrame) -> pl.DataFrame:
@@ -226,6 +270,7 @@ def _all_features(df: pl.DataFrame) -> pl.DataFrame:
         f_log_bytes=log(c("k_bytes")),
         f_intensity=log(c("k_flops") / (c("k_bytes") + 1.0)),
         f_balance=(peak * 1e12 / (c("hw_hbm_tb_per_s") * 1e12)).log10(),
+        f_ridge=(c("k_flops") / (c("k_bytes") + 1.0) / (peak / c("hw_hbm_tb_per_s"))).log10(),
         f_log_peak=peak.log10(),
         f_log_hbm=c("hw_hbm_tb_per_s").log10(),
         f_log_m=log(c("m")), f_log_n=log(c("n")), f_log_k=log(c("k")),
@@ -264,7 +309,8 @@ class KernelModel:
     def prepare(self, probes: pl.DataFrame) -> pl.DataFrame:
         if "family" not in probes.columns:
             probes = probes.with_columns(family=c("op").map_elements(family_of, return_dtype=pl.Utf8))
-        return roofline(self._backward_from_forward(probes), collective_latency=self._collective_latency())
+        return roofline(self._backward_from_forward(probes), collective_latency=self._collective_latency(),
+                        clock_terms=self._clock_terms())
 
     def _collective_latency(self) -> bool:
         """Whether collective rooflines carry NCCL's per-message latency: yes for a model being fitted now (fit
@@ -275,6 +321,15 @@ class KernelModel:
             return True
         coll = [v for k, v in fams.items() if k.removesuffix(".cpu") == "collective"]
         return all(v.get("collective_latency", False) for v in coll) if coll else True
+
+    def _clock_terms(self) -> bool:
+        """Whether rooflines carry the fixed costs counted in cycles (GEMM launch floor, clock-scaled NCCL latency):
+        yes for a model being fitted now, no for a saved model whose record lacks `clock_terms` (its trees learned
+        against the rooflines without them)."""
+        fams = getattr(self, "families_", None)
+        if not fams:
+            return True
+        return all(v.get("clock_terms", False) for v in fams.values())
 
     def _backward_from_forward(self, probes: pl.DataFrame) -> pl.DataFrame:
         """GPU attention backward as the predicted forward times ATTN_BACKWARD_RATIO, where the GPU attention model
@@ -357,6 +412,7 @@ class KernelModel:
                                "passes": sorted(sub["pass_"].drop_nulls().unique().to_list())}
         if key.removesuffix(".cpu") == "collective":
             self.families_[key]["collective_latency"] = True
+        self.families_[key]["clock_terms"] = True
 
     def predict_prepared(self, df: pl.DataFrame) -> np.ndarray:
         """Seconds for rows that already went through prepare(). A CPU family without CPU probes falls back to

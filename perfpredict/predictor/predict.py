@@ -45,10 +45,11 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
     p = b.apply(df)
     t, mem = p["pred_time_s"], p["pred_mem_gib"]
     # Where a pipeline crosses nodes the measured runs are bimodal (models.stall): the step is the stall-free one
-    # unless a stall is likely (then the stalled one), the interval covers both regimes and the expectation over
-    # them is what `rank` orders by (expected_samples_per_s). The composition's parts scale with the stall-free
-    # ratio; the rest of the step is the stall (b_stall_s: the stall where the point is the stalled step, or, for a
-    # bundle saved without a stall model, what the stall-free guard leaves over).
+    # unless a stall is likely (then the stalled one), the interval covers both regimes and the throughput expected
+    # over them is what `rank` orders by (expected_samples_per_s, models.stall.expected_steps_per_s). The
+    # composition's parts scale with the stall-free ratio; the rest of the step is the stall (b_stall_s: the stall
+    # where the point is the stalled step, or, for a bundle saved without a stall model, what the stall-free guard
+    # leaves over).
     free = p["pred_free_time_s"]
     ratio = free / df["k_step_s"].to_numpy()
     mratio = mem / df["d_mem_gib"].to_numpy()
@@ -66,7 +67,9 @@ def predict_frame(flat: pl.DataFrame, *, bundle: Bundle | None = None, described
         fits=pl.Series(p["pred_fits"]),
         stall_risk=pl.Series(p["pred_stall_p"]), stall_free_time_s=pl.Series(free),
         stalled_time_s=pl.Series(p["pred_stalled_time_s"]), expected_time_s=pl.Series(p["pred_expected_time_s"]),
-        expected_samples_per_s=pl.Series(samples / p["pred_expected_time_s"]),
+        # without a stall risk exactly the point's throughput (one regime)
+        expected_samples_per_s=pl.Series(np.where(p["pred_stall_p"] > 0, samples * p["pred_expected_steps_per_s"],
+                                                  samples / t)),
         **{k: pl.Series(p[k]) for k in FIT_COLUMNS},
         # How much of the learned correction applies (1: inside the measured domain, 0: composition alone).
         time_applicability=pl.Series(p["time_weight"]), memory_applicability=pl.Series(p["mem_weight"]),

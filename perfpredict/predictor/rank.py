@@ -191,10 +191,12 @@ def ranking_notes(ranking: Ranking) -> list[str]:
     if top.height and top["expected_time_s"][0] - top["stall_free_time_s"][0] > STALL_NOTE_SHARE * top[
             "stall_free_time_s"][0]:
         t = top.row(0, named=True)
-        notes.append(f"#1's pipeline crosses nodes, where measured runs either stall or do not (models.stall): "
+        # the stall model's scope is every multi-node plan of a family with measured stalls, with or without a
+        # pipeline (the playbook 1B's pp-1 runs stall too on 64 nodes)
+        notes.append(f"#1 spans nodes, where measured runs either stall or do not (models.stall): "
                      f"P(stall) {100 * t['stall_risk']:.0f}%, stall-free {t['stall_free_time_s']:.3g} s, stalled "
-                     f"{t['stalled_time_s']:.3g} s per step; the plans are ranked by the expected step "
-                     f"({t['expected_time_s']:.3g} s)")
+                     f"{t['stalled_time_s']:.3g} s per step (expected {t['expected_time_s']:.3g} s); the plans are "
+                     f"ranked by the throughput expected over both")
     return notes
 
 

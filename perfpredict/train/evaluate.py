@@ -7,6 +7,9 @@ a held-out hardware refits the kernel models without that hardware's probes too)
 - scale: per source, train on single-node runs and test on multi-node ones (a source without multi-node runs:
   train on the smaller GPU counts, test on its largest);
 - hardware: leave one hardware out;
+- nodes: per source with multi-node runs, leave one node count out (every multi-node count in turn): the
+  held-out-by-model folds of the playbook's 1B train on no multi-node nanotron run (its 8B is the test partition),
+  so this is where the stall model (models.stall) is scored on development data;
 - trl-shape: leave one TRL model shape out (`perfpredict collect trl` rows, source ours-cpu-trl), trained on every
   other row; scored per trainer x reference mode (metrics_trl);
 - trl-host: leave one host's TRL runs out (by the catalog entry its rows read as, core.dataset.on_measuring_host),
@@ -32,11 +35,11 @@ from perfpredict.features.compute import on_cpu
 from perfpredict.features.trl import is_trl, trl_mode
 from perfpredict.models.kernels import KernelModel
 from perfpredict.train.data import failed_unknown_rows, load_probes, load_runs, memory_rows, oom_rows, time_rows
-from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle
+from perfpredict.train.fit import DEFAULT_VARIANT, VARIANTS, Variant, fit_bundle, with_stall_labels
 
 c = pl.col
-SPLITS = ("model", "width", "scale", "hardware", "trl-shape", "trl-host", "largest")
-DEV_SPLITS = ("model", "width", "scale", "hardware", "trl-shape", "trl-host")
+SPLITS = ("model", "width", "scale", "hardware", "nodes", "trl-shape", "trl-host", "largest")
+DEV_SPLITS = ("model", "width", "scale", "hardware", "nodes", "trl-shape", "trl-host")
 
 
 def partition_mask(runs: pl.DataFrame) -> pl.Series:
@@ -66,6 +69,12 @@ def folds(runs: pl.DataFrame, split: str) -> Iterator[tuple[str, np.ndarray]]:
             mask = (test & (runs["source"] == src)).to_numpy()
             if mask.any() and not mask[(runs["source"] == src).to_numpy()].all():
                 yield f"{src}:scale-out", mask
+        return
+    elif split == "nodes":
+        for src in sorted(runs.filter(c("c_nodes") > 1)["source"].unique().to_list()):
+            at = runs["source"] == src
+            for n in sorted(runs.filter(at & (c("c_nodes") > 1))["c_nodes"].unique().to_list()):
+                yield f"{src}:nodes-{n}", (at & (runs["c_nodes"] == n)).to_numpy()
         return
     elif split == "trl-shape":
         trl = runs.select(is_trl().fill_null(False)).to_series()
@@ -114,7 +123,7 @@ def held_out(runs: pl.DataFrame, probes: pl.DataFrame, *, split: str, seed: int 
         seen = probes.filter(c("hardware") != name) if split == "hardware" else probes
         bundle, _ = fit_bundle(train, k, seed=seed, variant=variant, probes=seen if split == "hardware" else None,
                                trl_probes=seen.filter(c("op").is_in(list(TRL_OPS))))
-        composed = bundle.compose(test)
+        composed = with_stall_labels(bundle.compose(test))  # measured stalls: what P(stall) is scored against
         parts.append(composed.with_columns(
             **{key: pl.Series(v) for key, v in bundle.apply(composed).items()},
             split=pl.lit(split), fold=pl.lit(name), variant=pl.lit(variant.name)))
@@ -135,19 +144,39 @@ def _summary(prefix: str, ape: np.ndarray) -> dict[str, float]:
 def _ranking(df: pl.DataFrame) -> dict[str, float]:
     """Within each (model, cluster, workload) group: Spearman of predicted vs measured throughput and the regret
     of picking the predicted best (fraction of the best measured throughput lost). Plans are ordered as `rank`
-    orders them: by the expected step over the stall regimes where a stall model gives one (models.stall)."""
+    orders them: by the throughput expected over the stall regimes where a stall model gives one (models.stall).
+    rank_within_5pct: the share of groups whose predicted best plan runs within 5 % of the measured best."""
     rhos, regrets = [], []
-    by = "pred_expected_time_s" if "pred_expected_time_s" in df.columns else "pred_time_s"
     for _, g in df.group_by("cluster_group"):
         if g.height < 3:
             continue
         meas = 1.0 / g["step_time_s"].to_numpy()
-        pred = 1.0 / g[by].fill_null(g["pred_time_s"]).to_numpy()
+        pred = (g["pred_expected_steps_per_s"].fill_null(1.0 / g["pred_time_s"]).to_numpy()
+                if "pred_expected_steps_per_s" in g.columns else 1.0 / g["pred_time_s"].to_numpy())
         if np.ptp(meas) > 0 and np.ptp(pred) > 0:
             rhos.append(spearmanr(meas, pred).statistic)
         regrets.append(1.0 - meas[np.argmax(pred)] / meas.max())
-    return {"rank_groups": len(regrets), "rank_spearman": float(np.nanmean(rhos)) if rhos else float("nan"),
-            "rank_top1_regret": float(np.mean(regrets)) if regrets else float("nan")}
+    nan = float("nan")
+    return {"rank_groups": len(regrets), "rank_spearman": float(np.nanmean(rhos)) if rhos else nan,
+            "rank_top1_regret": float(np.mean(regrets)) if regrets else nan,
+            "rank_within_5pct": float(np.mean(np.asarray(regrets) <= 0.05)) if regrets else nan}
+
+
+def _stall_calibration(tr: pl.DataFrame) -> dict[str, float]:
+    """P(stall) against the stalls measured (train.fit.with_stall_labels on the fold's test rows) over the rows a
+    stall model scored (P > 0): their count, mean P, the stall rate, Brier score and log-loss."""
+    nan = float("nan")
+    out = {"stall_n": 0, "stall_p_mean": nan, "stall_rate": nan, "stall_brier": nan, "stall_logloss": nan}
+    if not tr.height or not {"pred_stall_p", "stalled"} <= set(tr.columns):
+        return out
+    sc = tr.filter(c("pred_stall_p") > 0)
+    if not sc.height:
+        return out
+    p = np.clip(sc["pred_stall_p"].to_numpy(), 1e-6, 1 - 1e-6)
+    y = sc["stalled"].to_numpy().astype(float)
+    return {"stall_n": sc.height, "stall_p_mean": float(p.mean()), "stall_rate": float(y.mean()),
+            "stall_brier": float(np.mean((p - y) ** 2)),
+            "stall_logloss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))}
 
 
 def _widths(prefix: str, point: np.ndarray, lo: np.ndarray, hi: np.ndarray, weight: np.ndarray) -> dict[str, float]:
@@ -220,9 +249,13 @@ def metrics(pred: pl.DataFrame, keys: tuple[str, ...] = ("split", "source")) -> 
         row |= _failed_unknown(g)
         row["at_risk"] = float((orow["fit_verdict"] == "at risk").mean()) if orow.height else np.nan
         row["false_oom_analytic"] = (float((ran["d_mem_gib"] > ran["g_memory_gib"]).mean()) if ran.height else np.nan)
+        # The analytic estimate alone against the same outcomes: failed, yet its peak fits in the GPU's memory.
+        row["missed_oom_analytic"] = (float((failed["d_mem_gib"] <= failed["g_memory_gib"]).mean())
+                                      if failed.height else np.nan)
         row["oom_accuracy"] = (float(np.mean(orow["pred_fits"].to_numpy() == orow["fits"].to_numpy()))
                                if orow.height else np.nan)
         row |= _ranking(tr)
+        row |= _stall_calibration(tr)
         rows.append(row)
     return pl.DataFrame(rows)
 

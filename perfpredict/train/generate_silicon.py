@@ -4,13 +4,15 @@ of vLLM, SGLang and TensorRT-LLM at a stated concurrency, TP and EP; SOURCE.md t
 
 Each run is predicted from the kernels measured on its GPU: concurrency c held in a closed loop (the benchmark's
 fixed concurrency), isl / osl, chunked prefill at 8,192 batched tokens (vLLM serve, SGLang chunked_prefill_size and
-TensorRT-LLM max_num_tokens defaults on these GPUs). Per-GPU decode throughput = c / TPOT / (tp x pp), as the
-source's notes say (steady state).
+TensorRT-LLM max_num_tokens defaults on these GPUs); SGLang at its defaults prefills first, so its benchmark runs in
+waves (engine.prefill_first_waves; prefill_first_runs says which runs). Per-GPU decode throughput = c / TPOT /
+(tp x pp), as the source's notes say (steady state).
 
 Splits hold out one model, one GPU type or one backend at a time. The composition has no fitted part; the learned
 correction (fitted on the training rows of the split) is a TPOT scale per backend and dense/MoE, and for TTFT four
-terms pooled over the backends (grouped returns, opening burst, a fixed time, a host time per running stream); each
-is used only where it lowers the held-out error on every split (else the composition stands).
+terms pooled over the backends (grouped returns, opening burst, a fixed time, a host time per running stream; a
+prefill-first run's composed TTFT enters unscaled, beside the last two); each is used only where it lowers the
+held-out error on every split (else the composition stands).
 
 Layout choice: groups = (backend, model, GPU, weight format, isl, osl) with >= 2 TP degrees measured; a layout's
 value is its best per-GPU throughput over the concurrencies measured for it; the prediction picks the TP with the
@@ -35,6 +37,7 @@ from perfpredict.models.generate.engine import (
     Parallel,
     benchmark_ttft,
     host_step_overhead_s,
+    prefill_first_waves,
     roofline_tpot,
     steady_state,
 )
@@ -49,6 +52,16 @@ BATCHED_TOKENS = 8192
 # Engines whose scheduler runs a waiting prompt's prefill before any decode step (SGLang: Scheduler.
 # get_next_batch_to_run, "Run prefill first if possible"); vLLM and TensorRT-LLM mix prompt chunks into decode steps.
 PREFILL_FIRST = {"sglang"}
+# ...at their defaults. AIConfigurator's generated configurations turn SGLang's mixed chunks on
+# (src/aiconfigurator/generator/rule_plugin/benchmark/sglang.rule: `agg enable_mixed_chunk = true`,
+# `agg_prefill_decode max_prefill_tokens = SlaConfig.isl + 1500`), so its prefill chunks ride in decode batches
+# (get_new_batch_prefill, "Mixed-style chunked prefill": new_batch.mix_with_running) as vLLM's do. Which runs used
+# one is not stated; read from the grid (prefill_first_runs): a gap-analysis configuration measured at a single
+# concurrency is the generator's pick of max_batch_size (the SGLang 0.5.6 runs, isl 1,000-8,000, one concurrency
+# each), a sweep over concurrencies (the SGLang 0.5.1 Qwen3-32B runs, 16-128 at isl 1,024-4,096) the engine at its
+# defaults. Their measured TPOT agrees: the mixed composition fits the single-point runs (18.7 % vs 27.8 % as prefill-
+# first waves), the prefill-first waves the sweeps (9.0 % vs 22.4 %; docs/generate-accuracy.md, seventh pass).
+GENERATED_HARNESSES = {"gap-analysis"}
 # The client each run's harness used (runs.csv `harness`, from the source's provenance text; docs/generate-accuracy.md,
 # issue 20 sixth pass). InferenceX's runs (its database dump and CSV exports) come from vLLM's benchmark_serving.py
 # at `--num-prompts 10c --max-concurrency c --random-range-ratio` (SemiAnalysisAI/InferenceX benchmarks/single_node/
@@ -103,7 +116,19 @@ def load_runs(data: Path | str) -> tuple[pl.DataFrame, dict[str, int]]:
                          gpus=pl.col("tp_size") * pl.col("pp_size").fill_null(1),
                          is_moe=pl.col("model_path").replace_strict({k: v.is_moe for k, v in specs.items()},
                                                                      default=False))
-    return df, skipped
+    return df.with_columns(prefill_first=prefill_first_runs(df)), skipped
+
+
+def prefill_first_runs(df: pl.DataFrame) -> pl.Series:
+    """Per run: does its engine run prefill batches before decode steps (PREFILL_FIRST at its defaults), i.e. not
+    a generated configuration (GENERATED_HARNESSES whose engine, version, model and GPU measured every (isl, osl,
+    TP) configuration at one concurrency only)?"""
+    keys = ["backend", "backend_version", "model_path", "system"]
+    per_config = pl.col("batch_size").n_unique().over(*keys, "isl", "osl", "tp_size")
+    d = df.select(sweep=(per_config.max().over(*keys) > 1),
+                  generated=pl.col("harness").is_in(list(GENERATED_HARNESSES)))
+    generated = d["generated"] & ~d["sweep"]
+    return (df["backend"].is_in(list(PREFILL_FIRST)) & ~generated).alias("prefill_first")
 
 
 @dataclass(frozen=True)
@@ -149,10 +174,15 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
                                prefill_first=r["backend"] in PREFILL_FIRST)
         # TTFT composed as the benchmark runs: with fixed isl / osl at a fixed concurrency the requests come back
         # in the groups the opening burst formed (engine.wave_ttft); with lengths drawn per request (InferenceX's
-        # client) they run out of step, the random-arrival steady state (RANDOM_LENGTH_HARNESSES).
-        out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": s.tpot_s,
+        # client) they run out of step, the random-arrival steady state (RANDOM_LENGTH_HARNESSES); on an engine
+        # that prefills first (prefill_first_runs) every round is the opening burst (engine.prefill_first_waves),
+        # and the burst's prefill lands in the client's TPOT too.
+        ttft, tpot = s.ttft_s if r.get("harness") in RANDOM_LENGTH_HARNESSES else s.wave_ttft_s, s.tpot_s
+        if r.get("prefill_first"):
+            ttft, tpot = prefill_first_waves(s, r["osl"])
+        out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": tpot,
                     "decode_tpot_s": s.decode_tpot_s, "wave_ttft_s": s.first_wave_s, "grouped_ttft_s": s.wave_ttft_s,
-                    "pred_ttft_s": s.ttft_s if r.get("harness") in RANDOM_LENGTH_HARNESSES else s.wave_ttft_s,
+                    "pred_ttft_s": ttft,
                     "random_ttft_s": s.ttft_s, "burst_ttft_s": s.burst_ttft_s, "roof_tpot_s": roof,
                     "prefill_steps": s.prefill_steps, "bench_ttft_s": bench,
                     "prefill_token_s": s.prefill_per_prompt_s * par.pp / r["isl"]})
@@ -186,34 +216,52 @@ Correction = dict[tuple[str, bool], tuple[float, ...]]
 N_TERMS = 6
 
 
-def _nnls_rel(cols: list[np.ndarray], y: np.ndarray) -> list[float]:
+def _nnls_rel(cols: list[np.ndarray], y: np.ndarray, offset: np.ndarray | None = None) -> list[float]:
     from scipy.optimize import nnls
 
     A = np.stack([c / y for c in cols], axis=1)
-    x, _ = nnls(A, np.ones_like(y))
+    x, _ = nnls(A, 1 - (0 if offset is None else offset / y))
     return [float(v) for v in x]
 
 
-def _l1_rel(cols: list[np.ndarray], y: np.ndarray) -> list[float]:
-    """Non-negative x minimising sum |A x / y - 1| (a linear programme: x >= 0 and one slack e_i >= |residual_i|
-    per row)."""
+def _l1_rel(cols: list[np.ndarray], y: np.ndarray, offset: np.ndarray | None = None) -> list[float]:
+    """Non-negative x minimising sum |(A x + offset) / y - 1| (a linear programme: x >= 0 and one slack
+    e_i >= |residual_i| per row). offset: a fixed, unfitted part of each prediction. A column that is zero on every
+    row (a term the rows do not exercise) gets 0."""
     from scipy.optimize import linprog
 
-    A = np.stack([c / y for c in cols], axis=1)
+    used = [i for i, c in enumerate(cols) if np.any(c != 0)]
+    A = np.stack([cols[i] / y for i in used], axis=1)
+    b = 1 - (0 if offset is None else offset / y)
     n, k = A.shape
     eye = np.eye(n)
     r = linprog(np.r_[np.zeros(k), np.ones(n)], A_ub=np.block([[A, -eye], [-A, -eye]]),
-                b_ub=np.r_[np.ones(n), -np.ones(n)], bounds=[(0, None)] * (k + n), method="highs")
-    return [float(v) for v in r.x[:k]] if r.success else _nnls_rel(cols, y)
+                b_ub=np.r_[b, -b], bounds=[(0, None)] * (k + n), method="highs")
+    x = r.x[:k] if r.success else _nnls_rel([cols[i] for i in used], y, offset)
+    out = [0.0] * len(cols)
+    for i, v in zip(used, x, strict=True):
+        out[i] = float(v)
+    return out
+
+
+def _ttft_terms_of(d: pl.DataFrame) -> tuple[list[np.ndarray], np.ndarray]:
+    """The TTFT correction's columns (composed TTFT, all-at-once burst, 1, running streams) and its fixed part.
+    Where the engine prefills first (column prefill_first) the composed TTFT is already the burst of every round:
+    it enters at weight 1, unscaled, and without the opening-burst term; the front end's terms (fixed, per stream)
+    are shared."""
+    lock = d["prefill_first"].to_numpy() if "prefill_first" in d.columns else np.zeros(d.height, dtype=bool)
+    free = (~lock).astype(float)
+    base = d["pred_ttft_s"].to_numpy()
+    return ([base * free, d["burst_ttft_s"].to_numpy() * free, np.ones(d.height), d["running"].to_numpy()],
+            base * lock)
 
 
 def fit_correction(df: pl.DataFrame) -> Correction:
     """TPOT per (backend, dense/MoE), and over all backends under "*" for a backend the rows lack; TTFT over all
     backends."""
     def ttft_terms(d: pl.DataFrame) -> list[float]:
-        yt = d["silicon_ttft_ms"].to_numpy() / 1e3
-        return _l1_rel([d["pred_ttft_s"].to_numpy(), d["burst_ttft_s"].to_numpy(), np.ones(d.height),
-                        d["running"].to_numpy()], yt)
+        cols, fixed = _ttft_terms_of(d)
+        return _l1_rel(cols, d["silicon_ttft_ms"].to_numpy() / 1e3, fixed)
 
     def tpot_scale(d: pl.DataFrame) -> float:
         return float(np.exp(np.median(np.log(d["silicon_tpot_ms"].to_numpy() / 1e3 / d["pred_tpot_s"].to_numpy()))))
@@ -244,9 +292,9 @@ def apply_correction(df: pl.DataFrame, corr: Correction | None) -> pl.DataFrame:
         return df.with_columns(tpot_s=pl.col("pred_tpot_s"), ttft_s=pl.col("pred_ttft_s"))
     terms = np.array([_lookup(corr, be, bool(m)) for be, m in zip(df["backend"], df["is_moe"], strict=True)])
     terms = terms.reshape(-1, N_TERMS)
-    return df.with_columns(tpot_s=pl.col("pred_tpot_s") * terms[:, 0] + terms[:, 1],
-                           ttft_s=pl.col("pred_ttft_s") * terms[:, 2] + pl.col("burst_ttft_s") * terms[:, 3]
-                           + terms[:, 4] + pl.col("running") * terms[:, 5])
+    cols, fixed = _ttft_terms_of(df)
+    ttft = fixed + sum(c * terms[:, 2 + i] for i, c in enumerate(cols))
+    return df.with_columns(tpot_s=pl.col("pred_tpot_s") * terms[:, 0] + terms[:, 1], ttft_s=pl.Series(ttft))
 
 
 def _mape(pred: np.ndarray, meas: np.ndarray) -> float:

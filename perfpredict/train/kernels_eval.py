@@ -182,6 +182,11 @@ reduce-scatter, all-to-all on 2-8 GPUs of one node; `vllm_custom_ar`: vLLM's cus
 eager). Backward attention is not measured by any GPU source: a GPU fwd+bwd attention is the predicted forward x 3.5
 (FlashAttention-2's backward does 2.5x the forward's FLOPs; `models.kernels.ATTN_BACKWARD_RATIO`, tested in
 `tests/test_kernels_silicon.py`), so its error is the forward's plus whatever that ratio misses.
+
+A GPU is known to the models only by its catalog figures. Fixed costs are counted in cycles at its datasheet boost
+clock: a GEMM's roofline has a 5,000-cycle launch floor, and NCCL's per-message latency over NVLink is scaled by it
+(not over PCIe: the L40S and RTX PRO 6000 servers); GEMM trees see the row's position against the GPU's ridge point
+(`models.kernels`, docs/design.md).
 """
 
 

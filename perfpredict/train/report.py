@@ -96,8 +96,9 @@ rows it scores. Rows are never held out at random; every split extrapolates the 
   shrinkage, launch-floor grid, variants) is made on it. It is scored once, by models trained on everything else.
 - **model**: leave one model out; **width**: leave every depth of one hidden size out at once; **scale**: train on
   single-node runs, test on multi-node ones (a source without multi-node runs: train on the smaller GPU counts, test
-  on the largest); **hardware**: leave one hardware out; **trl-shape**: leave one TRL model shape out. These are the
-  validation folds on which modelling choices are made.
+  on the largest); **hardware**: leave one hardware out; **nodes**: leave one multi-node count of a source out (the
+  playbook's 1B: where the stall model is scored outside the test partition); **trl-shape**: leave one TRL model
+  shape out. These are the validation folds on which modelling choices are made.
 
 Sources: `vtrain` (A100, Megatron-DeepSpeed), `ultrascale_playbook` (H100, nanotron), `ours-cpu` (our harness runs
 on CPUs over gloo), `ours-cpu-trl` (the real TRL trainers on CPUs); see [data.md](data.md).

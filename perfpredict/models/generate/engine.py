@@ -309,6 +309,22 @@ def wave_ttft(cycle, *, c: float, mb: float, prompt: float, dec: float, budget_t
     return wait + steps_mean * step
 
 
+def prefill_first_waves(s: SteadyState, output_len: int) -> tuple[float, float]:
+    """(TTFT, TPOT) in seconds of a closed loop of equal requests on an engine that runs any waiting prefill before
+    a decode step: SGLang at its defaults (python/sglang/srt/managers/scheduler.py, Scheduler.get_next_batch_to_run:
+    `if new_batch is not None: # Run prefill first if possible`; prefill chunks join the decodes only with
+    `enable_mixed_chunk`, default False in server_args.py, get_new_batch_prefill "Mixed-style chunked prefill").
+
+    The opening burst is prefilled in full-budget batches while nothing decodes, so every request of it starts
+    decoding in the same step, finishes in the same step, and its client's next prompts arrive together: each round
+    is the burst again. TTFT = the burst's mean wait (s.burst_ttft_s). A request's tokens after the first come once
+    the whole burst is prefilled, so its client-side TPOT, (end-to-end - TTFT) / (osl - 1), carries the rest of the
+    burst after its own first token: TPOT = decode step + (whole burst - mean first token) / (osl - 1)."""
+    burst_s = s.burst_ttft_s - s.queue_s
+    tpot = s.decode_tpot_s + max(s.first_wave_s - burst_s, 0.0) / max(output_len - 1, 1)
+    return s.burst_ttft_s, tpot
+
+
 def decode_breakdown(s: SteadyState) -> dict[str, float]:
     p = s.decode_step
     return {"gemm": p.gemm_s, "attention": p.attention_s, "moe": p.moe_s, "all_reduce": p.all_reduce_s,
