@@ -329,6 +329,31 @@ def test_composition_drops_the_logits_under_a_fused_head():
     assert fused["d_mem_gib"] == pytest.approx(37.1, abs=0.1)
 
 
+def test_liger_speedup_per_token_follows_the_paired_logs():
+    """Liger's example logs run each model with and without Liger's kernels (datasets/public/liger_hf_examples,
+    transcribed.csv): per token (padded lengths differ between the twins) Liger's run takes 0.84 (llama), 0.89
+    (mistral), 0.82 (phi-3) and 0.90 (qwen2) of the plain one. The composition charged both twins transformers'
+    eager norms, rotary and MLP (ratio 0.99-1.00); with Liger's kernels replacing them (core.frameworks
+    LIGER_LAYER) it gives 0.86-0.91. Gemma-2's Liger run has no fused head (cross entropy only) and stays out."""
+    from perfpredict.features.descriptors import describe
+    from perfpredict.models.bundle import default_bundle
+
+    # the twins' own length spreads (w_seq_len_cv) set aside: this compares the kernels alone
+    runs = pl.read_parquet(COMMITTED / "liger_hf_examples" / "runs.parquet").filter(
+        ~pl.col("m_name").str.starts_with("gemma")).with_columns(w_seq_len_cv=pl.lit(0.0))
+    comp = default_bundle().compose(describe(runs)).with_columns(
+        per_token=pl.col("k_step_s") / pl.col("w_seq_len"), measured=pl.col("step_time_s") / pl.col("w_seq_len"))
+    pairs = comp.group_by("m_name").agg(
+        composed=pl.col("per_token").filter(pl.col("p_fused_head")).first()
+        / pl.col("per_token").filter(~pl.col("p_fused_head")).first(),
+        measured=pl.col("measured").filter(pl.col("p_fused_head")).first()
+        / pl.col("measured").filter(~pl.col("p_fused_head")).first())
+    assert pairs.height == 4
+    for r in pairs.iter_rows(named=True):
+        assert 0.80 < r["measured"] < 0.91
+        assert r["composed"] < 0.92 and abs(r["composed"] - r["measured"]) < 0.07, r
+
+
 def test_fused_head_is_refused_where_the_head_is_modelled_otherwise():
     from perfpredict.core.frameworks import why_not
     from perfpredict.core.plan import Plan

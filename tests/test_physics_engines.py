@@ -245,6 +245,63 @@ def test_transformers_eager_ops_are_charged_on_gpu_to_the_frameworks_that_run_th
     assert np.all(meg["e_hf_eager_s"].to_numpy() == 0.0)
 
 
+def test_liger_layer_kernels_replace_the_eager_norms_rotary_and_mlp():
+    """A plan with Liger's kernels (fused_head: use_liger_kernel swaps RMSNorm, rotary and SwiGLU too,
+    core.frameworks LIGER_LAYER) keeps only the in-place rotary and transformers' own attention-path copies of the
+    eager layer traffic: less eager time than the same plan without, still some, and never a slower step."""
+    cluster, w = Cluster(H100, 8, 1), Workload(objective="sft", seq_len=2048, global_batch=64)
+    rows = [Plan(framework=fw, dp=8, zero=3, micro_batch=2, grad_accum=4, recompute="full", fused_head=fh)
+            for fw in ("fsdp", "deepspeed") for fh in (False, True)]
+    df = predict_frame(plans_frame(LLAMA8, cluster, w, rows))
+    e = df["e_hf_eager_s"].to_numpy().reshape(2, 2)
+    assert np.all(e[:, 1] > 0.0) and np.all(e[:, 1] < 0.5 * e[:, 0])
+    step = df["k_step_s"].to_numpy().reshape(2, 2)
+    # DeepSpeed's ZeRO-3 step here is bound by its host hooks (k_hook_s), which a faster device does not shorten
+    assert step[0, 1] < step[0, 0] and step[1, 1] <= step[1, 0] * (1.0 + 1e-12)
+
+
+def test_padded_batches_run_at_the_slowest_rank():
+    """Workload.seq_len_cv (padded batches' per-rank length spread): no spread changes nothing; a spread makes the
+    step slower, more so with more data-parallel ranks to wait for, and less for a runtime that meets its ranks once
+    per step (ZeRO-2 with gradient accumulation) than for one that gathers every layer (ZeRO-3)."""
+    from perfpredict.features.compute import slowest_rank_factor
+
+    def steps(cv: float, gpus: int, zero: int) -> np.ndarray:
+        cluster = Cluster(H100, 8, 1)
+        w = Workload(objective="sft", seq_len=512, global_batch=gpus * 32, seq_len_cv=cv)
+        rows = [Plan(framework="fsdp", dp=gpus, zero=zero, micro_batch=8, grad_accum=4, recompute="full")]
+        return predict_frame(plans_frame(LLAMA8, cluster, w, rows))["k_step_s"].to_numpy()
+
+    base = steps(0.0, 8, 3)
+    assert steps(0.0, 8, 3) == pytest.approx(base)
+    assert steps(0.25, 8, 3)[0] > base[0]
+    assert steps(0.25, 4, 3)[0] > steps(0.0, 4, 3)[0]
+    f = pl.DataFrame({"w_seq_len_cv": [0.0, 0.25, 0.25, 0.25, 0.25], "p_dp": [8, 1, 4, 8, 8],
+                      "p_zero": [3, 3, 3, 3, 2], "p_tp": [1] * 5, "p_pp": [1] * 5, "p_grad_accum": [4] * 5}
+                     ).select(slowest_rank_factor()).to_series().to_list()
+    assert f[0] == 1.0 and f[1] == 1.0  # no spread, or no other rank to wait for
+    assert 1.0 < f[2] < f[3]  # more ranks, a slower slowest one: 1 + 0.25 x 1.05 at 4 ranks (Blom)
+    assert f[2] == pytest.approx(1.0 + 0.25 * 1.049, abs=0.002)
+    assert 1.0 < f[4] < f[3]  # ZeRO-2 meets once per step: the spread of a 4-micro-batch sum, 0.25 / 2
+
+
+def test_expert_parallel_groups_strided_by_tp_cross_nodes():
+    """Megatron lays an expert-parallel group's ranks tp apart (expert tensor parallelism = tp, order
+    tp-cp-ep-dp-pp): ep 8 at tp 2 spans two 8-GPU nodes, so its all-to-all crosses the inter-node link (a slower one
+    is strictly slower), where ep 8 at tp 1 stays on one node (the inter-node link does not matter)."""
+    moe = get_model("qwen3-30b-a3b")
+    w = Workload(objective="sft", seq_len=8192, global_batch=16)
+
+    def ep_s(tp: int, inter: float) -> float:
+        cluster = Cluster(get_gpu("a100-sxm-80gb"), 8, 2, inter_node_bw_gb_per_s=inter)
+        plan = Plan(framework="megatron", tp=tp, dp=16 // tp, ep=8, zero=1, micro_batch=1,
+                    grad_accum=16 // (16 // tp), recompute="full", sequence_parallel=tp > 1)
+        return float(predict_frame(plans_frame(moe, cluster, w, [plan]))["k_ep_s"][0])
+
+    assert ep_s(2, 12.5) > ep_s(2, 25.0) > 0.0
+    assert ep_s(1, 12.5) == pytest.approx(ep_s(1, 25.0))
+
+
 def test_fsdp_under_the_hf_trainer_keeps_unsharded_grads_and_reduces_once():
     """transformers' Trainer runs all but the last micro-batch in accelerate's no_sync; FSDP2 then keeps every
     block's unsharded gradient (compute dtype) until the step's single reduce-scatter. DeepSpeed (which the Trainer

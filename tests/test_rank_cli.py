@@ -143,6 +143,7 @@ def test_nothing_fits_says_what_would():
     (["--objective", "simpo", "--reference", "live"], "has no reference model"),
     (["--global-batch", "0"], "global_batch must be an integer in 1..16777216"),
     (["--emit", "cuda"], "accepted"),
+    (["--seq-len-cv", "-0.1"], "seq_len_cv must be a number in [0, 2]"),
 ])
 def test_rank_bad_input_is_one_line(args, fragment):
     base = dict(zip(BASE[1::2], BASE[2::2], strict=False))

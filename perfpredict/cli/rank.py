@@ -87,6 +87,8 @@ def rank_cmd(
     optimizer: Annotated[str, typer.Option(help="the optimizer as transformers' `optim` names it: adamw_torch, "
                                                 "adamw_torch_fused, adamw_bnb_8bit, paged_adamw_8bit ... (default: "
                                                 "each framework's own)")] = "",
+    seq_len_cv: Annotated[float, typer.Option(help="padded batches: spread (std / mean) of the padded length a "
+                                                   "rank's micro-batch gets, --seq-len the mean; 0 = packed")] = 0.0,
     framework: FrameworkOpt = None,
     target_pairs_per_s: Annotated[float, typer.Option(help="throughput target (pairs/s, or samples/s)")] = 0.0,
     top: TopOpt = 10,
@@ -120,7 +122,7 @@ def rank_cmd(
                       dataset_size=pairs, epochs=epochs, seq_len=seq_len, global_batch=global_batch,
                       reference=reference, precision=precision, frameworks=framework,
                       target_samples_per_s=target_pairs_per_s, predictor=predictor, host_ram_gib=host_ram_gib,
-                      optimizer=optimizer, peak_seq_len=peak_seq_len)
+                      optimizer=optimizer, seq_len_cv=seq_len_cv, peak_seq_len=peak_seq_len)
     r = rep.ranking
     unit = "pairs" if r.workload.is_preference else "samples"
     fit = r.fitting

@@ -229,6 +229,15 @@ class EagerLayerTraffic:
 
 
 HF_EAGER_LAYER = EagerLayerTraffic()
+# The same layer with Liger-Kernel's layer kernels (plan fused_head: `use_liger_kernel` / `--use_liger_kernel` apply
+# apply_liger_kernel_to_<model> with its defaults, which swap the norms, rotary and MLP besides fusing the head and
+# loss: linkedin/Liger-Kernel src/liger_kernel/transformers/monkey_patch.py:253-268 at ead96b61, :28-67 at 1dce7fd4,
+# the build of its Hugging Face example logs). LigerRMSNorm is one kernel reading X and writing Y
+# (ops/rms_norm.py:185-217 at 1dce7fd4): the fused norm the composition already times, nothing extra.
+# LigerSwiGLUMLP computes silu(a) * b in one kernel (ops/swiglu.py:63-74): the fused SwiGLU, nothing extra.
+# liger_rotary_pos_emb rotates q and k in place in one kernel (ops/rope.py:120-140): 2 moves per element of q and
+# k against eager rotary's 10. The attention path (repeat_kv, the output copy) is transformers' own and stays.
+LIGER_LAYER = EagerLayerTraffic(norm_extra=0.0, rotary=2.0, mlp_extra=0.0)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,11 @@ class Workload:
     # adamw_torch_fused, adamw_bnb_8bit, paged_adamw_8bit ...); "" = the framework's own, what predictions assumed
     # before this field.
     optimizer: str = ""
+    # Padded batches: the coefficient of variation (standard deviation / mean) of the padded length a rank's
+    # micro-batch gets, where each rank pads its own micro-batch to its longest sample (seq_len is then the mean
+    # padded length). Synchronous data-parallel ranks wait for the slowest each micro-batch (features.compute
+    # slowest_rank_factor). 0: packed or fixed-length sequences, what predictions assumed before this field.
+    seq_len_cv: float = 0.0
     # The padded length of the longest micro-batch when batches are padded to their longest sample (variable-length
     # data, no packing); 0 = every micro-batch is seq_len long (packed or fixed-length data). Step time follows the
     # mean length (seq_len); the peak memory belongs to the step whose batch is longest, so memory is composed at
@@ -51,6 +56,7 @@ class Workload:
         check_number("epochs", self.epochs, 0.0, 1e4, lo_open=True)
         check_choice("precision", self.precision, PRECISIONS)
         check_bool("master_weights_fp32", self.master_weights_fp32)
+        check_number("seq_len_cv", self.seq_len_cv, 0.0, 2.0)
         require(isinstance(self.reference, str), f"reference must be a string, got {self.reference!r}")
         ref = self.reference or self.spec.default_reference
         check_choice("reference mode", ref, REFERENCE_MODES)
@@ -88,10 +94,9 @@ class Workload:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if not d["optimizer"]:  # left out at its default, so a workload's dict (and run ids hashed from it) stays
-            del d["optimizer"]
-        if not d["peak_seq_len"]:  # the same
-            del d["peak_seq_len"]
+        for k in ("optimizer", "seq_len_cv", "peak_seq_len"):  # left out at their defaults, so a workload's dict
+            if not d[k]:  # (and run ids hashed from it) stays
+                del d[k]
         return d
 
     @classmethod

@@ -45,7 +45,7 @@ def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
 
     dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean,
               "p_eager_attention": pl.Boolean, "p_reentrant_checkpoint": pl.Boolean, "w_optimizer": pl.Utf8,
-              "m_logit_softcap": pl.Float64, "w_peak_seq_len": pl.Int64}
+              "m_logit_softcap": pl.Float64, "w_seq_len_cv": pl.Float64, "w_peak_seq_len": pl.Int64}
     df = df.with_columns([
         (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
         for k, v in {**PLAN_COLUMN_DEFAULTS, **LATER_COLUMN_DEFAULTS}.items()])

@@ -50,6 +50,11 @@ the quoted figures); imported by `perfpredict.importers.liger_examples` into `ru
   each rank's micro-batch to its longest Alpaca sample, so the length varies per step and rank. seq_len is the
   mean padded length over the averaged steps: (tokens seen after the last step - after step 1) / steps /
   (4 x batch), rounded: what the step time sees on average.
+- seq_len_cv (Workload.seq_len_cv): how much one rank's padded length varies, from the log's per-step token counts.
+  Each step's count sums 4 ranks' independent batches, so its variance is a quarter of one rank's: seq_len_cv = 2 x
+  the sample standard deviation of the steps' mean padded lengths / their mean (0.22-0.43; from 4 steps for qwen2,
+  9 for llama, mistral and phi3, 19 for gemma2: the qwen2 figures are the roughest). FSDP gathers every block, so
+  every micro-batch runs at its slowest rank's length (features.compute slowest_rank_factor).
 - peak_seq_len (Workload.peak_seq_len; the memory is composed at it): the allocated peak is rank 0's highest step,
   and that is the step whose batch is longest. Each step's peak moves in whole 16-token padding multiples (e.g.
   gemma2: 43,259 / 45,079 / 50,541 / 56,002 / 66,926 MiB, 1,820 MiB per 16 tokens at batch 32 and 256K vocabulary),
@@ -77,7 +82,9 @@ the quoted figures); imported by `perfpredict.importers.liger_examples` into `ru
 ## Caveats
 
 - Padded batches of varying length: see seq_len above. The step time is the slowest rank's (FSDP synchronises every
-  layer), whose batch was at least the mean length.
+  layer), whose batch was at least the mean length: seq_len_cv gives the expected excess. The steps themselves vary
+  far more in Gemma 2's logs (1.4-6.6 s for the same token counts, its allocator's reserved peak at 78 of 80 GB:
+  the cache flushes and retries of an allocator near the card's capacity, which nothing here models).
 - The Liger rows (`-liger-True-pre-init`) apply Liger's RMSNorm, RoPE, SwiGLU and fused linear cross entropy (the
   LM head and the loss in chunks, no full logits): plan `fused_head` true. Gemma 2's patch at these commits applies
   Liger's cross entropy only, not the fused head (`apply_liger_kernel_to_gemma2(cross_entropy=True)`,

@@ -41,6 +41,9 @@ STATUSES = ("ok", "oom", "skip")
 # the capacity the driver reported. Evidence beside the `oom` outcome (the need was above allocated + tried), never a
 # peak label.
 OOM_COLUMNS = ("oom_tried_gib", "oom_allocated_gib", "oom_reserved_gib", "oom_capacity_gib")
+# Optional trailing column of a transcription that states padded batches' per-rank length spread
+# (core.workload Workload.seq_len_cv), from per-step token counts (liger_hf_examples).
+SPREAD_COLUMNS = ("seq_len_cv",)
 # What a transcribed memory figure is, and the schema's memory_kind it becomes (core.schema LABEL_COLUMNS):
 # ms-swift logs torch.cuda.max_memory_reserved() / 1024**3 as memory(GiB) (swift/trainers/patcher.py,
 # swift/megatron/callbacks/print.py), i.e. the allocator's reserved peak, not the tensors' allocated peak.
@@ -69,10 +72,11 @@ def read_rows(folder: Path) -> list[tuple[int, dict[str, str]]]:
         names = tuple(reader.fieldnames or ())
         extra = names[len(COLUMNS):]
         oom = tuple(x for x in extra if x in OOM_COLUMNS)
-        if (names[:len(COLUMNS)] != COLUMNS or not set(extra) <= set(OPTIONAL_COLUMNS + OOM_COLUMNS)
+        if (names[:len(COLUMNS)] != COLUMNS or not set(extra) <= set(OOM_COLUMNS + SPREAD_COLUMNS + OPTIONAL_COLUMNS)
                 or oom not in ((), OOM_COLUMNS)):
             raise ValueError(f"{path}: columns {reader.fieldnames} differ from the expected {list(COLUMNS)} "
-                             f"(optionally followed by {list(OOM_COLUMNS)} and/or {', '.join(OPTIONAL_COLUMNS)})")
+                             f"(optionally followed by {list(OOM_COLUMNS)}, {list(SPREAD_COLUMNS)} and/or "
+                             f"{list(OPTIONAL_COLUMNS)})")
         rows = [(line, r) for line, r in enumerate(reader, start=2)]
     for line, r in rows:
         if r["status"] not in STATUSES:
@@ -113,7 +117,9 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
         raise ValueError(f"kernels names {len(named)} optimizers ({', '.join(named)}); a run has one")
     peak = (r.get("peak_seq_len") or "").strip()
     workload = Workload(objective=r["objective"], seq_len=_int(r, "seq_len"), global_batch=mb * ga * dp,
-                        precision="bf16", optimizer=named[0] if named else "", peak_seq_len=int(peak) if peak else 0)
+                        precision="bf16", optimizer=named[0] if named else "",
+                        seq_len_cv=(_float(r, "seq_len_cv") or 0.0) if r.get("seq_len_cv") else 0.0,
+                        peak_seq_len=int(peak) if peak else 0)
     plan = Plan(tp=_int(r, "tp"), pp=_int(r, "pp"), dp=dp, cp=_int(r, "cp"), ep=_int(r, "ep"),
                 sequence_parallel=_bool(r, "sequence_parallel"), zero=_int(r, "zero"), recompute=r["recompute"],
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),

@@ -17,10 +17,18 @@ from perfpredict.core.frameworks import (
     DS_REDUCE_BUCKET_HIDDEN2,
     EAGER_ATTENTION,
     HF_EAGER_LAYER,
+    LIGER_LAYER,
     REENTRANT_REGATHER_FRAMEWORKS,
     RUNTIMES,
 )
-from perfpredict.features.compute import forward_passes, hf_trainer, on_cpu, runtime_is, selective_share
+from perfpredict.features.compute import (
+    forward_passes,
+    hf_trainer,
+    on_cpu,
+    runtime_is,
+    selective_share,
+    slowest_rank_factor,
+)
 from perfpredict.features.descriptors import describe
 from perfpredict.features.trl import is_trl
 from perfpredict.models.hardware_frame import hardware_table
@@ -111,15 +119,21 @@ def _regathers() -> pl.Expr:
 def _hf_eager_units() -> tuple[pl.Expr, pl.Expr]:
     """16-bit element moves per token and forward of transformers' eager layer beyond the fused kernels timed here
     (core.frameworks HF_EAGER_LAYER), in units of the hidden size and of the MLP width: on GPU rows of frameworks
-    that run transformers' model code (Capability.hf_trainer), 0 elsewhere. On a CPU host the TRL calibration
-    (calibration.TrlCalibration, membound_scale) already measures that code."""
-    e = HF_EAGER_LAYER
+    that run transformers' model code (Capability.hf_trainer), 0 elsewhere; a plan with Liger's kernels
+    (fused_head: core.frameworks LIGER_LAYER) keeps only what Liger leaves to transformers. On a CPU host the TRL
+    calibration (calibration.TrlCalibration, membound_scale) already measures that code."""
     h = c("m_hidden").cast(pl.Float64)
     q, k = (c("m_heads") * c("m_head_dim")).cast(pl.Float64) / h, (c("m_kv_heads") * c("m_head_dim")).cast(pl.Float64) / h
     gqa = (c("m_kv_heads") < c("m_heads")).cast(pl.Float64)
-    per_h = e.norm_extra + e.rotary * (q + k) + gqa * e.repeat_kv * 2.0 * (q + k) + e.attn_out_copy * q
+    liger = c("p_fused_head").fill_null(False)
+
+    def pick(field: str) -> pl.Expr:
+        return pl.when(liger).then(getattr(LIGER_LAYER, field)).otherwise(getattr(HF_EAGER_LAYER, field))
+
+    per_h = (pick("norm_extra") + pick("rotary") * (q + k) + gqa * pick("repeat_kv") * 2.0 * (q + k)
+             + pick("attn_out_copy") * q)
     on = (hf_trainer() & ~on_cpu()).cast(pl.Float64)
-    return on * per_h, on * e.mlp_extra
+    return on * per_h, on * pick("mlp_extra")
 
 
 def _i(e: pl.Expr) -> pl.Expr:
@@ -128,7 +142,12 @@ def _i(e: pl.Expr) -> pl.Expr:
 
 def _base(df: pl.DataFrame) -> pl.DataFrame:
     seqs = c("p_micro_batch") * c("w_seqs_per_sample")
-    T = seqs.cast(pl.Float64) * c("w_seq_len") / c("p_cp")
+    # Padded batches: the step runs at the slowest data-parallel rank's padded length (features.compute
+    # slowest_rank_factor; seq_len as given where the workload states no spread).
+    if "w_seq_len_cv" not in df.columns:
+        df = df.with_columns(w_seq_len_cv=pl.lit(0.0))
+    s_eff = c("w_seq_len").cast(pl.Float64) * slowest_rank_factor()
+    T = seqs.cast(pl.Float64) * s_eff / c("p_cp")
     ref = c("w_reference").is_in(["live", "offloaded"]).cast(pl.Float64)
     sel = (c("p_recompute") == "selective").cast(pl.Float64)
     eager_h, eager_f = _hf_eager_units()
@@ -161,11 +180,16 @@ def _base(df: pl.DataFrame) -> pl.DataFrame:
         f=f, gate=pl.when(c("m_gated")).then(2.0).otherwise(1.0),
         # Expert parallelism: a rank runs its experts/ep experts on the tokens routed to them from ep ranks.
         experts=pl.when(moe).then(c("m_experts") / c("p_ep")).otherwise(1).cast(pl.Float64),
-        ep=c("p_ep"), ep_rpn=pl.min_horizontal(c("p_ep"), gpn), ep_tokens=T * pl.when(moe).then(
+        # An expert-parallel group's ranks sit tp apart (TP innermost): Megatron-core builds its expert groups with
+        # expert tensor parallelism = tp by default and the order tp-cp-ep-dp-pp (NVIDIA/Megatron-LM
+        # megatron/core/parallel_state.py:617, 871-872, 887-893 at d98e8a64), so ep ranks span ep x tp GPUs, ep_rpn
+        # of them per node; beyond a node the all-to-all crosses the inter-node link.
+        ep=c("p_ep"), ep_rpn=pl.max_horizontal(pl.lit(1), pl.min_horizontal(c("p_ep"), gpn // c("p_tp"))),
+        ep_tokens=T * pl.when(moe).then(
             c("m_experts_per_token")).otherwise(0).cast(pl.Float64) / pl.when(c("p_sp")).then(c("p_tp")).otherwise(1),
-        ep_link=pl.when(c("p_ep") > gpn).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
+        ep_link=pl.when(c("p_ep") * c("p_tp") > gpn).then(c("c_inter_bw_gb_per_s")).otherwise(c("c_intra_bw_gb_per_s")),
         topk=pl.when(moe).then(c("m_experts_per_token")).otherwise(1).cast(pl.Float64),
-        seqs=seqs.cast(pl.Float64), s=c("w_seq_len").cast(pl.Float64), cp=c("p_cp").cast(pl.Float64),
+        seqs=seqs.cast(pl.Float64), s=s_eff, cp=c("p_cp").cast(pl.Float64),
         tp=c("p_tp"), dp=c("p_dp") * c("p_cp"), pp=c("p_pp"), cpi=c("p_cp"), zero=c("p_zero"), sp=c("p_sp"),
         vst=c("p_vstages").cast(pl.Float64), act_b=act_b,
         params=c("d_params_rank"), layer_params=c("m_layer_params").cast(pl.Float64),

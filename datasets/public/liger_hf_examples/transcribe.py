@@ -4,7 +4,10 @@ Usage, in a clone of github.com/linkedin/Liger-Kernel: python transcribe.py OUT.
 Each log under examples/huggingface/results/ at commit C becomes one row: the last logged step's avg_step_time_sec
 and total_peak_memory_allocated_MB, the tokens seen after step 1 and after the last step (seq_len = their difference
 / steps / (4 ranks x per-device batch)), the commit that added the log; skipped logs carry their reason. The
-llama_B_48_* row was appended by hand (its reason is in the CSV).
+llama_B_48_* row was appended by hand (its reason is in the CSV). seq_len_cv: the spread of the padded length one
+rank's micro-batch gets, from the per-step token counts (each the sum over the 4 ranks' independent batches, so
+its variance is a quarter of one rank's): 2 x the sample standard deviation of the steps' mean padded lengths /
+their mean.
 
 peak_seq_len: the allocated peak is the maximum over the logged steps of rank 0's peak, and rank 0's peak step is
 the one whose micro-batch is longest (the collator pads each rank's batch to its longest sample). The logs give
@@ -22,7 +25,7 @@ import subprocess
 import sys
 
 C = "1dce7fd4c945cada18b6a86be0050cd03de21180"  # the last commit holding every log
-COLS = ("row_id","upstream_path","upstream_lines","upstream_commit","header_date","status","skip_reason","quote","model","gpu","gpus_per_node","nodes","intra_node_bw_gb_per_s","objective","framework","zero","tp","pp","cp","dp","ep","sequence_parallel","recompute","micro_batch","grad_accum","seq_len","optimizer_offload","step_time_s","peak_memory_gib","memory_kind","kernels", "fused_head", "peak_seq_len")
+COLS = ("row_id","upstream_path","upstream_lines","upstream_commit","header_date","status","skip_reason","quote","model","gpu","gpus_per_node","nodes","intra_node_bw_gb_per_s","objective","framework","zero","tp","pp","cp","dp","ep","sequence_parallel","recompute","micro_batch","grad_accum","seq_len","optimizer_offload","step_time_s","peak_memory_gib","memory_kind","kernels", "fused_head", "seq_len_cv", "peak_seq_len")
 def git(*a):
     return subprocess.run(["git",*a],capture_output=True,text=True,check=True).stdout
 # model_type: (catalog model, per-device batch, why that batch)
@@ -95,6 +98,8 @@ for f in files:
     else:
         model, bs = MODELS[mt]
         seq = round((toks[-1] - toks[0]) / n / (4 * bs))
+        lens = [(b - a) / (4 * bs) for a, b in zip(toks, toks[1:])]
+        cv = 2.0 * statistics.stdev(lens) / statistics.fmean(lens)
         r.update(status="ok", model=model, gpu="a100-sxm-80gb", gpus_per_node="4", nodes="1", objective="sft",
                  framework="fsdp", zero="3", tp="1", pp="1", cp="1", dp="4", ep="1", sequence_parallel="false",
                  recompute="full", micro_batch=str(bs), grad_accum="1", seq_len=str(seq), optimizer_offload="false",
@@ -103,7 +108,7 @@ for f in files:
                  kernels=("liger" if liger else "") + ("+" if liger else "") + "sdpa+padded_batches",
                  # Liger's fused linear cross entropy: every patched model here but Gemma 2, whose patch at C applies
                  # Liger's cross entropy only (monkey_patch.py:322-350)
-                 fused_head="true" if liger and mt != "gemma2" else "false",
+                 fused_head="true" if liger and mt != "gemma2" else "false", seq_len_cv=f"{cv:.3f}",
                  peak_seq_len=str(peak_seq_len(toks, bs)))
     rows.append(r)
 out = io.StringIO()
