@@ -122,11 +122,12 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
                 seq_len: int = 2048, global_batch: int = 64, reference: str = "", precision: str = "bf16",
                 frameworks: list[str] | None = None, target_samples_per_s: float = 0.0,
                 predictor: Path | str | None = None, host_ram_gib: float = 0.0, optimizer: str = "",
-                seq_len_cv: float = 0.0) -> RankReport:
+                seq_len_cv: float = 0.0, peak_seq_len: int = 0) -> RankReport:
     """Everything `perfpredict rank` prints: the ranking plus notes (target met or not, what would fit).
     gpus=None: the fewest GPUs with a fitting plan (meeting target_samples_per_s when it is set). optimizer: the
     workload's (core.frameworks OPTIMIZERS), "" = each framework's own. seq_len_cv: padded batches' per-rank length
-    spread (Workload.seq_len_cv), 0 = packed."""
+    spread (Workload.seq_len_cv), 0 = packed. peak_seq_len: the longest padded micro-batch (Workload.peak_seq_len),
+    0 = every batch seq_len long."""
     from perfpredict.predictor.rank import fewest_gpus, host_ram_refused, rank_plans, ranking_notes, what_would_fit
 
     check_number("target pairs/s", target_samples_per_s, 0.0, 1e12)
@@ -135,7 +136,7 @@ def rank_report(*, model: str, gpu: str, gpus: int | None, gpus_per_node: int = 
     m = _model(model)
     w = Workload(objective=objective, seq_len=seq_len, global_batch=global_batch, dataset_size=dataset_size,
                  epochs=epochs, precision=precision, reference=reference, optimizer=optimizer,
-                 seq_len_cv=seq_len_cv)
+                 seq_len_cv=seq_len_cv, peak_seq_len=peak_seq_len)
     space = _space(frameworks)
     b = _bundle(predictor)
     notes: list[str] = []

@@ -449,3 +449,94 @@ def test_hf_blog_ds_fsdp_reference_numbers():
         # the published tokens/s per device and step time agree with batch 8 x 4,096 tokens within their rounding
         assert tok_s * step_s / (8 * r["w_seq_len"]) == pytest.approx(1.0, abs=0.003)
         assert r["tokens_per_s"] / 4 == pytest.approx(tok_s, rel=0.003)
+
+
+# Liger-Kernel examples/huggingface/results/gemma2_use_liger_False_patching_type_None.log lines 5-24 @ 4581599f
+# (batch 32 on 4 ranks): num_input_tokens_seen after each of the 20 steps; the memory is logged from step 2 on.
+GEMMA2_TOKENS = [38912, 77824, 119808, 153600, 185856, 231424, 274944, 318464, 347136, 379904, 427520, 466944, 500224,
+                 537088, 569856, 613888, 646656, 684544, 720896, 760832]
+
+
+def test_liger_peak_seq_len_is_rank0s_longest_batch_from_the_token_counts():
+    """transcribe.py's peak_seq_len, recomputed independently: the 19 logged steps' 4-rank mean padded lengths
+    (mean 296.8, sd 41.8), the ranks' spread 2 x 41.8, rank 0's longest of 19 at mean + spread x E[max of 19 standard
+    normals] (1.844) = 451.1 -> 464 (the next multiple of 16, under the 512 cap)."""
+    import numpy as np
+    from scipy import integrate, stats
+
+    per = np.diff(GEMMA2_TOKENS) / (4 * 32)
+    n = len(per)
+    emax = integrate.quad(lambda x: x * n * stats.norm.pdf(x) * stats.norm.cdf(x) ** (n - 1), -10, 10)[0]
+    assert emax == pytest.approx(1.844, abs=1e-3)
+    est = per.mean() + 2 * per.std(ddof=1) * emax
+    assert est == pytest.approx(451.1, abs=0.1)
+    r = _row("liger_hf_examples", "gemma2-liger-False-None")
+    assert r["w_peak_seq_len"] == min(512, 16 * int(np.ceil(est / 16))) == 464
+    assert r["w_seq_len"] == 297  # the mean, which the step time follows
+    # every imported row: at least its mean length, at most the 512 truncation, a multiple of the collator's 16
+    for _, row in read_rows(COMMITTED / "liger_hf_examples"):
+        if row["status"] == "ok":
+            peak = int(row["peak_seq_len"])
+            assert int(row["seq_len"]) <= peak <= 512 and peak % 16 == 0, row["row_id"]
+
+
+def test_memory_is_composed_at_the_peak_seq_len_and_time_at_the_mean():
+    """A padded batch's activations and logits grow with its own length: Workload.peak_seq_len moves the peak memory
+    (features.memory.memory_seq_len) and nothing that the step time reads."""
+    from dataclasses import replace
+
+    from perfpredict.api import describe_scenarios
+
+    sc = next(s for s in _scenarios("liger_hf_examples") if s.workload.peak_seq_len == 464)
+    mean_only = replace(sc, workload=replace(sc.workload, peak_seq_len=0))
+    a, b = describe_scenarios(scenarios=[mean_only]), describe_scenarios(scenarios=[sc])
+    assert b["d_mem_gib"][0] > a["d_mem_gib"][0] * 1.3  # gemma2: 256K-vocabulary logits, 297 -> 464 tokens
+    assert b["d_act_gib"][0] > a["d_act_gib"][0]
+    for col in ("d_flops_per_step", "d_tokens_per_step"):
+        assert a[col][0] == b[col][0], col
+    with pytest.raises(PerfPredictError, match="peak_seq_len"):
+        replace(sc.workload, peak_seq_len=sc.workload.seq_len - 1)
+    assert "peak_seq_len" not in mean_only.workload.to_dict()  # a default workload's dict (and its run id) unchanged
+
+
+def _scenarios(folder: str) -> list[Scenario]:
+    out = []
+    for _, r in read_rows(COMMITTED / folder):
+        if r["status"] == "ok":
+            model, cluster, workload, plan = scenario_of(r)
+            out.append(Scenario(model=model, cluster=cluster, workload=workload, plan=plan))
+    return out
+
+
+def test_msswift_deepspeed_rows_step_the_trainers_torch_adamw():
+    """ms-swift's DeepSpeed configs name no optimizer (swift/config/zero3.json at 3602360a), so transformers builds its
+    default `adamw_torch` and ZeRO-3 steps it per fp32 sub-group (sub_group_size 1e9): at the step, the sub-group's fp32
+    gradient (4 B) and foreach's exp_avg_sq_sqrt (4 B) per parameter, plus the ZeRO-3 reduce bucket (hidden^2 x 2 B)."""
+    from perfpredict.train.data import load_runs
+
+    runs = load_runs(COMMITTED / "msswift_examples")
+    ds = runs.filter(pl.col("p_framework") == "deepspeed")
+    assert ds.height == 6 and (ds["w_optimizer"] == "adamw_torch").all()  # bench-dense-zero2: step time only
+    assert (runs.filter(pl.col("p_framework") == "megatron")["w_optimizer"].fill_null("") == "").all()
+    r = runs.filter(pl.col("transcribed_row") == "liger-sft-8k-liger").row(0, named=True)
+    assert r["d_peak_moment"] == "step"
+    assert r["d_peak_other_gib"] == pytest.approx((1e9 * 8.0 + 3584**2 * 2.0) / 2**30, rel=1e-4)  # 7.47 GiB
+
+
+def test_rank_takes_the_longest_padded_batch():
+    """`rank --peak-seq-len`: the same plans, each composed at the longest batch's length for memory and at seq_len
+    for time; one clear line for a peak below the mean."""
+    from perfpredict.api import rank_report
+
+    kw = dict(model="llama-3.2-1b", gpu="h100-sxm-80gb", gpus=8, objective="sft", seq_len=1024, global_batch=64,
+              frameworks=["fsdp"])
+    a, b = rank_report(**kw).ranking.table, rank_report(**kw, peak_seq_len=2048).ranking.table
+    key = [k for k in a.columns if k.startswith("p_")]
+    j = a.join(b, on=key, suffix="_peak")
+    assert j.height == a.height == b.height
+    assert (j["mem_activations_gib_peak"] > j["mem_activations_gib"]).all()
+    assert (j["mem_logits_gib_peak"] > j["mem_logits_gib"]).all()
+    assert (j["stall_free_time_s_peak"] == j["stall_free_time_s"]).all()
+    bad = CliRunner().invoke(app, ["rank", "--model", "llama-3.2-1b", "--gpu", "h100-sxm-80gb", "--seq-len", "1024",
+                                   "--peak-seq-len", "512"])
+    assert bad.exit_code != 0 and "peak_seq_len (512)" in bad.output and "Traceback" not in bad.output

@@ -77,6 +77,10 @@ def rank_cmd(
     pairs: Annotated[int, typer.Option(help="dataset size: pairs (preference) or samples")] = 0,
     epochs: Annotated[float, typer.Option(help="passes over the dataset")] = 1.0,
     seq_len: SeqLenOpt = 2048,
+    peak_seq_len: Annotated[int, typer.Option(help="padded batches of varying length: the longest micro-batch's "
+                                                   "padded length, which the peak memory is composed at (seq_len "
+                                                   "stays the mean the step time follows); 0 = every batch seq_len "
+                                                   "long, e.g. packed")] = 0,
     global_batch: GlobalBatchOpt = 64,
     reference: Annotated[str, typer.Option(help="live | precomputed | offloaded | none (default by objective)")] = "",
     precision: PrecisionOpt = "bf16",
@@ -118,7 +122,7 @@ def rank_cmd(
                       dataset_size=pairs, epochs=epochs, seq_len=seq_len, global_batch=global_batch,
                       reference=reference, precision=precision, frameworks=framework,
                       target_samples_per_s=target_pairs_per_s, predictor=predictor, host_ram_gib=host_ram_gib,
-                      optimizer=optimizer, seq_len_cv=seq_len_cv)
+                      optimizer=optimizer, seq_len_cv=seq_len_cv, peak_seq_len=peak_seq_len)
     r = rep.ranking
     unit = "pairs" if r.workload.is_preference else "samples"
     fit = r.fitting

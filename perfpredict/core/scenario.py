@@ -280,7 +280,7 @@ def workload_columns(w: Workload) -> dict[str, Any]:
             "w_dataset_size": w.dataset_size, "w_epochs": float(w.epochs), "w_precision": w.precision,
             "w_master_fp32": w.master_weights_fp32, "w_reference": w.reference,
             "w_seqs_per_sample": w.seqs_per_sample, "w_optimizer": w.optimizer,
-            "w_seq_len_cv": float(w.seq_len_cv)}
+            "w_seq_len_cv": float(w.seq_len_cv), "w_peak_seq_len": w.peak_seq_len}
 
 
 # Plan field -> flat column, one mapping for both directions.
@@ -295,10 +295,10 @@ PLAN_COLUMNS = {"tp": "p_tp", "pp": "p_pp", "dp": "p_dp", "cp": "p_cp", "sequenc
 # features stage fills these defaults where a frame lacks them (features.memory.plan_defaults).
 PLAN_COLUMN_DEFAULTS = {"p_ep": 1, "p_param_offload": False, "p_stage_layers": "", "p_fused_head": False,
                         "p_eager_attention": False, "p_reentrant_checkpoint": False}
-# The same for workload and model columns added later (Workload.optimizer; ModelSpec.final_logit_softcapping): the
+# The same for workload and model columns added later (Workload.optimizer, .peak_seq_len; ModelSpec.final_logit_softcapping): the
 # features stage fills them where a frame lacks them (features.memory.plan_defaults); dataset rows carry them only
 # where they differ.
-LATER_COLUMN_DEFAULTS = {"w_optimizer": "", "m_logit_softcap": 0.0, "w_seq_len_cv": 0.0}
+LATER_COLUMN_DEFAULTS = {"w_optimizer": "", "m_logit_softcap": 0.0, "w_seq_len_cv": 0.0, "w_peak_seq_len": 0}
 
 
 def plan_columns(p: Plan, *, all_columns: bool = True) -> dict[str, Any]:

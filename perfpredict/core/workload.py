@@ -38,10 +38,19 @@ class Workload:
     # padded length). Synchronous data-parallel ranks wait for the slowest each micro-batch (features.compute
     # slowest_rank_factor). 0: packed or fixed-length sequences, what predictions assumed before this field.
     seq_len_cv: float = 0.0
+    # The padded length of the longest micro-batch when batches are padded to their longest sample (variable-length
+    # data, no packing); 0 = every micro-batch is seq_len long (packed or fixed-length data). Step time follows the
+    # mean length (seq_len); the peak memory belongs to the step whose batch is longest, so memory is composed at
+    # this length (features.memory.memory_seq_len).
+    peak_seq_len: int = 0
 
     def __post_init__(self) -> None:
         check_choice("objective", self.objective, OBJECTIVES)
         check_int("seq_len", self.seq_len, 1, MAX_SEQ_LEN)
+        check_int("peak_seq_len", self.peak_seq_len, 0, MAX_SEQ_LEN)
+        require(self.peak_seq_len == 0 or self.peak_seq_len >= self.seq_len,
+                f"peak_seq_len ({self.peak_seq_len}) is the longest micro-batch's padded length: 0 (every batch "
+                f"seq_len long) or at least seq_len ({self.seq_len})")
         check_int("global_batch", self.global_batch, 1, MAX_BATCH)
         check_int("dataset_size", self.dataset_size, 0, MAX_DATASET)
         check_number("epochs", self.epochs, 0.0, 1e4, lo_open=True)
@@ -85,8 +94,8 @@ class Workload:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("optimizer", "seq_len_cv"):  # left out at their defaults, so a workload's dict (and run ids
-            if not d[k]:  # hashed from it) stays
+        for k in ("optimizer", "seq_len_cv", "peak_seq_len"):  # left out at their defaults, so a workload's dict
+            if not d[k]:  # (and run ids hashed from it) stays
                 del d[k]
         return d
 

@@ -45,13 +45,22 @@ def plan_defaults(df: pl.DataFrame) -> pl.DataFrame:
 
     dtypes = {"p_ep": pl.Int64, "p_param_offload": pl.Boolean, "p_stage_layers": pl.Utf8, "p_fused_head": pl.Boolean,
               "p_eager_attention": pl.Boolean, "p_reentrant_checkpoint": pl.Boolean, "w_optimizer": pl.Utf8,
-              "m_logit_softcap": pl.Float64, "w_seq_len_cv": pl.Float64}
+              "m_logit_softcap": pl.Float64, "w_seq_len_cv": pl.Float64, "w_peak_seq_len": pl.Int64}
     df = df.with_columns([
         (c(k).cast(dtypes[k]).fill_null(v) if k in df.columns else pl.lit(v, dtype=dtypes[k])).alias(k)
         for k, v in {**PLAN_COLUMN_DEFAULTS, **LATER_COLUMN_DEFAULTS}.items()])
     # The runtime whose memory/communication rules apply (core.frameworks RUNTIME: trl+deepspeed -> deepspeed ...).
     return df.with_columns(d_runtime=c("p_framework").replace_strict(RUNTIME, default=c("p_framework"),
                                                                      return_dtype=pl.Utf8))
+
+
+def memory_seq_len() -> pl.Expr:
+    """The sequence length the peak memory is composed at: the longest micro-batch's padded length where batches are
+    padded to their longest sample (Workload.peak_seq_len), else seq_len. A padded batch's activations and logits
+    grow with its own length, and the peak is the step whose batch is longest, not the mean one the step time
+    follows: e.g. Liger's FSDP example rows log allocated peaks per step that move in steps of one 16-token padding
+    multiple (datasets/public/liger_hf_examples/SOURCE.md)."""
+    return pl.max_horizontal(c("w_seq_len"), c("w_peak_seq_len").fill_null(0)).cast(pl.Float64)
 
 
 def optimizer_rule(field: str) -> pl.Expr:
@@ -238,7 +247,7 @@ def korthikanti_per_layer_bytes(s: float, b: float, h: float, a: float, t: int, 
 def activations(df: pl.DataFrame) -> pl.DataFrame:
     """Activation bytes of the first stage (most micro-batches in flight) per rank, and the logits on the last."""
     act_bytes = compute_bytes() / 2.0  # coefficients assume 16-bit
-    s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
+    s = memory_seq_len() / c("p_cp")
     b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
     h = c("m_hidden").cast(pl.Float64)
     sbh = s * b * h * act_bytes
@@ -249,7 +258,7 @@ def activations(df: pl.DataFrame) -> pl.DataFrame:
     # EAGER_ATTENTION), [b, heads/tp, s/cp, s] per layer; the fused kernels keep none.
     a = c("m_heads").cast(pl.Float64)
     eager_scores = pl.when(c("p_eager_attention").fill_null(False)).then(
-        6.0 * b * a / t * s * c("w_seq_len").cast(pl.Float64)).otherwise(0.0)
+        6.0 * b * a / t * s * memory_seq_len()).otherwise(0.0)
     # A layer's activations as columns, each evaluated once (the outputs below read them several times; an eager
     # with_columns evaluates a repeated expression each time it appears: the same numbers, a third of the time).
     df = df.with_columns(_sbh=sbh).with_columns(_full=c("_sbh") * (repl + c("d_act_shard_coef") / t) + eager_scores)
@@ -338,7 +347,7 @@ def reference_model(df: pl.DataFrame) -> pl.DataFrame:
     sharded = (c("p_zero") >= 3)
     w = c("d_params_rank") * pl.when(sharded).then(2.0 / c("p_dp")).otherwise(2.0)
     layer = c("m_layer_params").cast(pl.Float64) * 2.0 / _tp()
-    s = c("w_seq_len").cast(pl.Float64) / c("p_cp")
+    s = memory_seq_len() / c("p_cp")
     b = c("p_micro_batch").cast(pl.Float64) * c("w_seqs_per_sample")
     v = c("m_vocab").cast(pl.Float64) / _tp()
     # Under a fused head the reference's no-grad forward runs the same chunked head: one chunk's logits at a time.

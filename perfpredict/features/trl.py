@@ -57,6 +57,7 @@ from perfpredict.features.memory import (
     fresh_grad_bpp,
     fresh_grads_rows,
     gathered_param_dtype_bytes,
+    memory_seq_len,
     softcap_kept_bytes,
     zero3_gathered_bytes,
 )
@@ -207,7 +208,7 @@ def trl_memory(df: pl.DataFrame) -> pl.DataFrame:
     ab = compute_bytes()  # autocast's or the parameters' own
     cpu = on_cpu()
     grad_seqs = _rule("grad_seqs", 2.0)
-    s = c("w_seq_len").cast(pl.Float64)
+    s = memory_seq_len()  # the longest padded batch where it differs (features.memory)
     n_tok = c("p_micro_batch").cast(pl.Float64) * grad_seqs * s
     h = c("m_hidden").cast(pl.Float64)
     v = c("m_vocab").cast(pl.Float64)

@@ -49,13 +49,21 @@ the quoted figures); imported by `perfpredict.importers.liger_examples` into `ru
 - seq_len: training.py (TRL `DataCollatorForCompletionOnlyLM`, `pad_to_multiple_of=16`, `max_seq_length 512`) pads
   each rank's micro-batch to its longest Alpaca sample, so the length varies per step and rank. seq_len is the
   mean padded length over the averaged steps: (tokens seen after the last step - after step 1) / steps /
-  (4 x batch), rounded. What the compute and memory see is that length on average; the peak step's rank held a
-  longer batch (up to 512), so the allocated peak belongs to a somewhat longer sequence than seq_len.
+  (4 x batch), rounded: what the step time sees on average.
 - seq_len_cv (Workload.seq_len_cv): how much one rank's padded length varies, from the log's per-step token counts.
   Each step's count sums 4 ranks' independent batches, so its variance is a quarter of one rank's: seq_len_cv = 2 x
   the sample standard deviation of the steps' mean padded lengths / their mean (0.22-0.43; from 4 steps for qwen2,
   9 for llama, mistral and phi3, 19 for gemma2: the qwen2 figures are the roughest). FSDP gathers every block, so
   every micro-batch runs at its slowest rank's length (features.compute slowest_rank_factor).
+- peak_seq_len (Workload.peak_seq_len; the memory is composed at it): the allocated peak is rank 0's highest step,
+  and that is the step whose batch is longest. Each step's peak moves in whole 16-token padding multiples (e.g.
+  gemma2: 43,259 / 45,079 / 50,541 / 56,002 / 66,926 MiB, 1,820 MiB per 16 tokens at batch 32 and 256K vocabulary),
+  so it belongs to rank 0's longest batch, not to the mean. The logs give each step's tokens over the 4 ranks, not
+  rank 0's: `transcribe.py` takes the ranks' padded lengths as independent draws with the steps' mean and 2x the
+  spread of the 4-rank step means, and rank 0's longest of its n logged steps at mean + spread x E[max of n standard
+  normals], rounded up to 16 and capped at 512 (304-512; the mean is 229-420). An estimate from the logged token
+  counts, never from the memory; the rows whose peak is the optimizer step (mistral, llama and qwen2 with Liger)
+  do not depend on it.
 - GPU: the logs do not name it; the example's README in the same commits states the benchmark conditions "FSDP1 on
   4 A100s" and "The default hyperparameters and configurations work on single node with 4xA100 80GB GPUs": catalog
   `a100-sxm-80gb` (reserved peaks of 46-78 GB fit 80 GB only).

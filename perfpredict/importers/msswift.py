@@ -41,6 +41,13 @@ Imported by `perfpredict.importers.msswift` (perfpredict/importers/transcribed.p
   micro-batch is one pack of about `max_length` tokens. Unpacked runs train dataset samples of unknown length and
   are left out (their memory and speed belong to lengths nobody published).
 - Objective `sft`, bf16 (`--torch_dtype bfloat16`), full-parameter training (`--tuner_type full`).
+- Optimizer (`kernels` token `adamw_torch`, Workload.optimizer) on the `swift sft --deepspeed` rows: ms-swift's
+  DeepSpeed configs name no optimizer (swift/config/zero3.json, zero2.json at 3602360a) and ms-swift leaves
+  transformers' `optim` at its default, "adamw_torch" until transformers 4.54 with torch >= 2.8 (the rows' ms-swift
+  pinned transformers < 4.51-4.53, the H20 script 4.53), so transformers' DeepSpeed integration builds the Trainer's
+  torch AdamW and sets zero_allow_untested_optimizer (integrations/deepspeed.py deepspeed_optim_sched), and ZeRO-3
+  steps it on one fp32 sub-group at a time (stage3.py `_optimizer_step`): foreach's `exp_avg_sq_sqrt` is one more
+  fp32 second moment of the sub-group beside its fp32 gradient (features.memory.optimizer_step).
 - GPU: "A100" in the headers is read as `a100-sxm-80gb` (the rows peak at 42-54 GB, above a 40 GB A100's
   capacity; PCIe vs SXM is not stated).
 - "H20" is the catalog's `h20` (96 GiB HBM3, 148 dense BF16 TFLOPS: perfpredict/catalog/gpus/h20.json, its

@@ -29,6 +29,10 @@ COLUMNS = ("row_id", "upstream_path", "upstream_lines", "upstream_commit", "head
            "quote", "model", "gpu", "gpus_per_node", "nodes", "intra_node_bw_gb_per_s", "objective", "framework",
            "zero", "tp", "pp", "cp", "dp", "ep", "sequence_parallel", "recompute", "micro_batch", "grad_accum",
            "seq_len", "optimizer_offload", "step_time_s", "peak_memory_gib", "memory_kind", "kernels", "fused_head")
+# Columns a transcription may add after COLUMNS, blank where a row has no value: peak_seq_len, the longest
+# micro-batch's padded length where batches are padded to their longest sample (Workload.peak_seq_len; Liger's
+# example logs, whose transcribe.py estimates it from the logged token counts).
+OPTIONAL_COLUMNS = ("peak_seq_len",)
 # `oom`: the run failed with the CUDA out-of-memory error the source quotes (core.schema outcome `oom`); an `ok` row of
 # a fit-outcome source (Transcribed.fit_outcomes) may carry no label at all: "it ran" is its measurement.
 STATUSES = ("ok", "oom", "skip")
@@ -65,9 +69,14 @@ def read_rows(folder: Path) -> list[tuple[int, dict[str, str]]]:
     path = Path(folder) / CSV_NAME
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) not in (COLUMNS, COLUMNS + OOM_COLUMNS, COLUMNS + SPREAD_COLUMNS):
+        names = tuple(reader.fieldnames or ())
+        extra = names[len(COLUMNS):]
+        oom = tuple(x for x in extra if x in OOM_COLUMNS)
+        if (names[:len(COLUMNS)] != COLUMNS or not set(extra) <= set(OOM_COLUMNS + SPREAD_COLUMNS + OPTIONAL_COLUMNS)
+                or oom not in ((), OOM_COLUMNS)):
             raise ValueError(f"{path}: columns {reader.fieldnames} differ from the expected {list(COLUMNS)} "
-                             f"(optionally followed by {list(OOM_COLUMNS)} or {list(SPREAD_COLUMNS)})")
+                             f"(optionally followed by {list(OOM_COLUMNS)}, {list(SPREAD_COLUMNS)} and/or "
+                             f"{list(OPTIONAL_COLUMNS)})")
         rows = [(line, r) for line, r in enumerate(reader, start=2)]
     for line, r in rows:
         if r["status"] not in STATUSES:
@@ -106,9 +115,11 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
     named = [t for t in tokens if t in OPTIMIZERS and t]
     if len(named) > 1:
         raise ValueError(f"kernels names {len(named)} optimizers ({', '.join(named)}); a run has one")
+    peak = (r.get("peak_seq_len") or "").strip()
     workload = Workload(objective=r["objective"], seq_len=_int(r, "seq_len"), global_batch=mb * ga * dp,
                         precision="bf16", optimizer=named[0] if named else "",
-                        seq_len_cv=(_float(r, "seq_len_cv") or 0.0) if r.get("seq_len_cv") else 0.0)
+                        seq_len_cv=(_float(r, "seq_len_cv") or 0.0) if r.get("seq_len_cv") else 0.0,
+                        peak_seq_len=int(peak) if peak else 0)
     plan = Plan(tp=_int(r, "tp"), pp=_int(r, "pp"), dp=dp, cp=_int(r, "cp"), ep=_int(r, "ep"),
                 sequence_parallel=_bool(r, "sequence_parallel"), zero=_int(r, "zero"), recompute=r["recompute"],
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),

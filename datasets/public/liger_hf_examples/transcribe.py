@@ -7,21 +7,48 @@ and total_peak_memory_allocated_MB, the tokens seen after step 1 and after the l
 llama_B_48_* row was appended by hand (its reason is in the CSV). seq_len_cv: the spread of the padded length one
 rank's micro-batch gets, from the per-step token counts (each the sum over the 4 ranks' independent batches, so
 its variance is a quarter of one rank's): 2 x the sample standard deviation of the steps' mean padded lengths /
-their mean."""
+their mean.
+
+peak_seq_len: the allocated peak is the maximum over the logged steps of rank 0's peak, and rank 0's peak step is
+the one whose micro-batch is longest (the collator pads each rank's batch to its longest sample). The logs give
+each step's token count over the 4 ranks (num_input_tokens_seen differences), i.e. the mean of the 4 ranks'
+padded lengths per step, not rank 0's own. With the ranks' lengths independent draws of one distribution (random
+sampling), its mean is the steps' mean and its spread 2 x the standard deviation of the 4-rank means; rank 0's
+longest of n logged steps is then expected at mean + spread x E[max of n standard normals], rounded up to the
+collator's multiple of 16 and capped at max_seq_length 512 (training.py: truncation)."""
 import ast
 import csv
 import io
+import math
 import statistics
 import subprocess
 import sys
 
 C = "1dce7fd4c945cada18b6a86be0050cd03de21180"  # the last commit holding every log
-COLS = ("row_id","upstream_path","upstream_lines","upstream_commit","header_date","status","skip_reason","quote","model","gpu","gpus_per_node","nodes","intra_node_bw_gb_per_s","objective","framework","zero","tp","pp","cp","dp","ep","sequence_parallel","recompute","micro_batch","grad_accum","seq_len","optimizer_offload","step_time_s","peak_memory_gib","memory_kind","kernels", "fused_head", "seq_len_cv")
+COLS = ("row_id","upstream_path","upstream_lines","upstream_commit","header_date","status","skip_reason","quote","model","gpu","gpus_per_node","nodes","intra_node_bw_gb_per_s","objective","framework","zero","tp","pp","cp","dp","ep","sequence_parallel","recompute","micro_batch","grad_accum","seq_len","optimizer_offload","step_time_s","peak_memory_gib","memory_kind","kernels", "fused_head", "seq_len_cv", "peak_seq_len")
 def git(*a):
     return subprocess.run(["git",*a],capture_output=True,text=True,check=True).stdout
 # model_type: (catalog model, per-device batch, why that batch)
 MODELS = {"llama": ("llama-3.1-8b", 32), "mistral": ("mistral-7b", 32), "qwen2": ("qwen2.5-7b", 24),
           "phi3": ("phi-3-mini", 128), "gemma2": ("gemma-2-2b", 32)}
+def expected_max_normal(n):
+    """E[max of n independent standard normals], by the trapezoid rule over [-10, 10]."""
+    pdf = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    cdf = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))
+    xs = [-10 + i * 1e-3 for i in range(20001)]
+    ys = [x * n * pdf(x) * cdf(x) ** (n - 1) for x in xs]
+    return 1e-3 * (sum(ys) - (ys[0] + ys[-1]) / 2)
+
+
+def peak_seq_len(toks, bs, ranks=4, multiple=16, cap=512):
+    """rank 0's longest padded micro-batch over the logged steps (module docstring); toks: tokens seen after each
+    step, the first step's memory not logged."""
+    per = [(b - a) / (ranks * bs) for a, b in zip(toks, toks[1:])]
+    spread = math.sqrt(ranks) * statistics.stdev(per)
+    est = statistics.mean(per) + spread * expected_max_normal(len(per))
+    return min(cap, multiple * math.ceil(est / multiple))
+
+
 rows = []
 files = [f for f in git("ls-tree","-r","--name-only",C,"examples/huggingface/results").split() if f.endswith(".log")]
 for f in files:
@@ -81,7 +108,8 @@ for f in files:
                  kernels=("liger" if liger else "") + ("+" if liger else "") + "sdpa+padded_batches",
                  # Liger's fused linear cross entropy: every patched model here but Gemma 2, whose patch at C applies
                  # Liger's cross entropy only (monkey_patch.py:322-350)
-                 fused_head="true" if liger and mt != "gemma2" else "false", seq_len_cv=f"{cv:.3f}")
+                 fused_head="true" if liger and mt != "gemma2" else "false", seq_len_cv=f"{cv:.3f}",
+                 peak_seq_len=str(peak_seq_len(toks, bs)))
     rows.append(r)
 out = io.StringIO()
 w = csv.DictWriter(out, fieldnames=COLS, lineterminator="\n")
