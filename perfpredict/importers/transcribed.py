@@ -29,10 +29,11 @@ COLUMNS = ("row_id", "upstream_path", "upstream_lines", "upstream_commit", "head
            "quote", "model", "gpu", "gpus_per_node", "nodes", "intra_node_bw_gb_per_s", "objective", "framework",
            "zero", "tp", "pp", "cp", "dp", "ep", "sequence_parallel", "recompute", "micro_batch", "grad_accum",
            "seq_len", "optimizer_offload", "step_time_s", "peak_memory_gib", "memory_kind", "kernels", "fused_head")
-# Columns a transcription may add after COLUMNS, blank where a row has no value: peak_seq_len, the longest
-# micro-batch's padded length where batches are padded to their longest sample (Workload.peak_seq_len; Liger's
-# example logs, whose transcribe.py estimates it from the logged token counts).
-OPTIONAL_COLUMNS = ("peak_seq_len",)
+# Workload columns a transcription may add after COLUMNS, blank where a row has no value, for padded batches
+# (liger_hf_examples, whose transcribe.py derives both from the logs' per-step token counts): seq_len_cv, the spread
+# of the padded length a rank's micro-batch gets (Workload.seq_len_cv), and peak_seq_len, the longest micro-batch's
+# padded length (Workload.peak_seq_len).
+OPTIONAL_COLUMNS = ("seq_len_cv", "peak_seq_len")
 # `oom`: the run failed with the CUDA out-of-memory error the source quotes (core.schema outcome `oom`); an `ok` row of
 # a fit-outcome source (Transcribed.fit_outcomes) may carry no label at all: "it ran" is its measurement.
 STATUSES = ("ok", "oom", "skip")
@@ -41,9 +42,6 @@ STATUSES = ("ok", "oom", "skip")
 # the capacity the driver reported. Evidence beside the `oom` outcome (the need was above allocated + tried), never a
 # peak label.
 OOM_COLUMNS = ("oom_tried_gib", "oom_allocated_gib", "oom_reserved_gib", "oom_capacity_gib")
-# Optional trailing column of a transcription that states padded batches' per-rank length spread
-# (core.workload Workload.seq_len_cv), from per-step token counts (liger_hf_examples).
-SPREAD_COLUMNS = ("seq_len_cv",)
 # What a transcribed memory figure is, and the schema's memory_kind it becomes (core.schema LABEL_COLUMNS):
 # ms-swift logs torch.cuda.max_memory_reserved() / 1024**3 as memory(GiB) (swift/trainers/patcher.py,
 # swift/megatron/callbacks/print.py), i.e. the allocator's reserved peak, not the tensors' allocated peak.
@@ -72,11 +70,10 @@ def read_rows(folder: Path) -> list[tuple[int, dict[str, str]]]:
         names = tuple(reader.fieldnames or ())
         extra = names[len(COLUMNS):]
         oom = tuple(x for x in extra if x in OOM_COLUMNS)
-        if (names[:len(COLUMNS)] != COLUMNS or not set(extra) <= set(OOM_COLUMNS + SPREAD_COLUMNS + OPTIONAL_COLUMNS)
+        if (names[:len(COLUMNS)] != COLUMNS or not set(extra) <= set(OOM_COLUMNS + OPTIONAL_COLUMNS)
                 or oom not in ((), OOM_COLUMNS)):
             raise ValueError(f"{path}: columns {reader.fieldnames} differ from the expected {list(COLUMNS)} "
-                             f"(optionally followed by {list(OOM_COLUMNS)}, {list(SPREAD_COLUMNS)} and/or "
-                             f"{list(OPTIONAL_COLUMNS)})")
+                             f"(optionally followed by {list(OOM_COLUMNS)} and/or any of {list(OPTIONAL_COLUMNS)})")
         rows = [(line, r) for line, r in enumerate(reader, start=2)]
     for line, r in rows:
         if r["status"] not in STATUSES:
@@ -93,6 +90,11 @@ def _int(r: dict[str, str], k: str) -> int:
 def _float(r: dict[str, str], k: str) -> float | None:
     v = r[k].strip()
     return float(v) if v else None
+
+
+def _optional(r: dict[str, str], k: str) -> str:
+    """An OPTIONAL_COLUMNS value, "" where the transcription lacks the column or leaves it blank."""
+    return (r.get(k) or "").strip()
 
 
 def _bool(r: dict[str, str], k: str) -> bool:
@@ -115,11 +117,10 @@ def scenario_of(r: dict[str, str]) -> tuple[Any, Cluster, Workload, Plan]:
     named = [t for t in tokens if t in OPTIMIZERS and t]
     if len(named) > 1:
         raise ValueError(f"kernels names {len(named)} optimizers ({', '.join(named)}); a run has one")
-    peak = (r.get("peak_seq_len") or "").strip()
     workload = Workload(objective=r["objective"], seq_len=_int(r, "seq_len"), global_batch=mb * ga * dp,
                         precision="bf16", optimizer=named[0] if named else "",
-                        seq_len_cv=(_float(r, "seq_len_cv") or 0.0) if r.get("seq_len_cv") else 0.0,
-                        peak_seq_len=int(peak) if peak else 0)
+                        seq_len_cv=float(_optional(r, "seq_len_cv") or 0.0),
+                        peak_seq_len=int(_optional(r, "peak_seq_len") or 0))
     plan = Plan(tp=_int(r, "tp"), pp=_int(r, "pp"), dp=dp, cp=_int(r, "cp"), ep=_int(r, "ep"),
                 sequence_parallel=_bool(r, "sequence_parallel"), zero=_int(r, "zero"), recompute=r["recompute"],
                 micro_batch=mb, grad_accum=ga, optimizer_offload=_bool(r, "optimizer_offload"),
