@@ -102,8 +102,6 @@ def _reference_path(monkeypatch):
     from perfpredict.models.stall import _mixture_bounds_reference
 
     monkeypatch.setattr(bundle_mod, "mixture_bounds", _mixture_bounds_reference)
-    monkeypatch.setattr(plans_mod, "_LAYOUT_PROBES", {})
-    monkeypatch.setattr(plans_mod, "_INTERLEAVED", {})
     monkeypatch.setattr(plans_mod, "_PROBES", {})
     monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # every layout probed anew
     real = plan_model.Correction.predict_log_ratio
@@ -272,22 +270,20 @@ def test_mixture_bounds_equal_the_reference_bit_for_bit():
 
 @pytest.mark.parametrize("name", ["mixtral-8xa100", "3b-128xh100-pp"])
 def test_remembered_layout_probes_enumerate_as_fresh_ones(name, monkeypatch):
-    """features.plans' per-process memos (_layout_probe's layouts, _schedules' interleaved refusals, _remembered's
-    stage splits and offloads): the same plans and the same rejection counts, in the same order, as probing every
+    """features.plans' per-process memo (_remembered: _layout_probe's layouts, _schedules' interleaved refusals,
+    the stage splits and offloads): the same plans and the same rejection counts, in the same order, as probing every
     layout anew."""
     import perfpredict.features.plans as plans_mod
 
     model, cluster, workload, space = SCENARIOS[name]
-    memos = (plans_mod._LAYOUT_PROBES, plans_mod._INTERLEAVED, plans_mod._PROBES)
-    for memo in memos:
-        memo.clear()
+    memo = plans_mod._PROBES
+    memo.clear()
     runs = []
     for _ in range(2):  # probed, then remembered
         rej = Rejections()
         runs.append((plan_columns_frame(model, cluster, workload, space, rej), rej.counts))
-    assert all(memos)
-    for memo in memos:
-        memo.clear()
+    assert {"layout", "interleaved", "stages"} <= {key[0] for key in memo}
+    memo.clear()
     monkeypatch.setattr(plans_mod, "LAYOUT_PROBE_MEMO", 0)  # cleared at every new entry: each probed anew
     rej = Rejections()
     fresh = plan_columns_frame(model, cluster, workload, space, rej)

@@ -130,33 +130,29 @@ def _layout_probe(cap: Capability, tp: int, pp: int, cp: int, dp: int, rej: Reje
     reads the capability table alone (no model, cluster or workload), which does not change, and a ranking asks
     a few hundred layouts, each four validated probe plans and their refusals (a third of a new scenario's
     enumeration); the rankings of one process (`--gpus auto`, what would fit, a server) ask the same ones again."""
-    key = (cap.name, tp, pp, cp, dp)
-    hit = _LAYOUT_PROBES.get(key)
-    if hit is None:
+    def answer() -> tuple[Plan, tuple[int, ...]] | str:  # the plan and stages, or the tally of the refusal
         probes = [Plan(tp=tp, pp=pp, dp=dp, cp=cp, zero=z, framework=cap.name) for z in ZERO_STAGES]
         zeros = tuple(p.zero for p in probes if refusal(p) is None)
-        hit = (probes[zeros[0]], zeros) if zeros else refusal(probes[0]).tally
-        if len(_LAYOUT_PROBES) >= LAYOUT_PROBE_MEMO:
-            _LAYOUT_PROBES.clear()
-        _LAYOUT_PROBES[key] = hit
+        return (probes[zeros[0]], zeros) if zeros else refusal(probes[0]).tally
+
+    hit = _remembered(("layout", cap.name, tp, pp, cp, dp), answer)
     if isinstance(hit, str):  # the tally of the refusal: counted at every enumeration it stops
         rej.add(hit)
         return None
     return hit
 
 
-LAYOUT_PROBE_MEMO = 50_000  # layouts remembered (a 1,024-GPU ranking asks ~600 per framework); then it starts again
-_LAYOUT_PROBES: dict[tuple, tuple[Plan, tuple[int, ...]] | str] = {}
-
-
-_PROBES: dict[tuple, object] = {}  # _remembered's answers (LAYOUT_PROBE_MEMO entries)
+# Probes remembered (a 1,024-GPU ranking asks ~600 layouts per framework, and a few probes of each); then it starts
+# again.
+LAYOUT_PROBE_MEMO = 50_000
+_PROBES: dict[tuple, object] = {}  # _remembered's answers, keyed by what asked (LAYOUT_PROBE_MEMO entries)
 
 
 def _remembered(key: tuple, answer: Callable[[], object]) -> object:
-    """answer(), remembered per process under `key` like the layout probes (_layout_probe): for the probes of a
-    layout's plan (its stage split, offloads, sequence parallelism, recompute), which read the plan, the
-    capability table and the model, never the workload or the cluster (a new scenario of the same model asks them
-    again: ~40 % of its enumeration)."""
+    """answer(), remembered per process under `key` (its first item names the probe): the probes of a layout and
+    of its plan (the layout's ZeRO stages, its stage split, interleaved schedule, offloads, sequence parallelism,
+    recompute), which read the plan, the capability table and the model, never the workload or the cluster (a new
+    scenario of the same model asks them again: ~40 % of its enumeration)."""
     if key not in _PROBES:
         if len(_PROBES) >= LAYOUT_PROBE_MEMO:
             _PROBES.clear()
@@ -193,23 +189,19 @@ def _schedules(cap: Capability, base: Plan, model: ModelSpec, grad_accum: int,
             out.append((sched, 1, None))
             continue
         v = space.interleaved_stages
-        # Remembered per process like the layout probes (_layout_probe): the answer reads the plan, the capability
-        # table and, of the model, its layers and experts (core.frameworks._model_refusal; its name only words the
-        # reason, and the tally is what is kept).
-        key = (base, grad_accum, v, model.layers, model.experts)
-        if key not in _INTERLEAVED:
-            probe = replace(base, schedule=sched, virtual_stages=v)
+        # Remembered per process (_remembered): the answer reads the plan, the capability table and, of the model,
+        # its layers and experts (core.frameworks._model_refusal; its name only words the reason, and the tally is
+        # what is kept).
+        def answer(v: int = v) -> str | None:
+            probe = replace(base, schedule="interleaved", virtual_stages=v)
             # The layers-per-stage rule is counted before the micro-batch rule (refusal checks them the other way
             # round): the first probe runs a micro-batch count every pipeline accepts.
             r = refusal(replace(probe, grad_accum=base.pp), model) or refusal(replace(probe, grad_accum=grad_accum))
-            if len(_INTERLEAVED) >= LAYOUT_PROBE_MEMO:
-                _INTERLEAVED.clear()
-            _INTERLEAVED[key] = r.tally if r else None
-        out.append(("interleaved", v, _INTERLEAVED[key]))
+            return r.tally if r else None
+
+        out.append(("interleaved", v,
+                    _remembered(("interleaved", base, grad_accum, v, model.layers, model.experts), answer)))
     return out
-
-
-_INTERLEAVED: dict[tuple, str | None] = {}  # _schedules' interleaved refusal tallies (LAYOUT_PROBE_MEMO entries)
 
 
 def _ep_choices(cap: Capability, model: ModelSpec, base: Plan, rej: Rejections) -> tuple[int, ...]:
