@@ -295,9 +295,9 @@ PLAN_COLUMNS = {"tp": "p_tp", "pp": "p_pp", "dp": "p_dp", "cp": "p_cp", "sequenc
 # features stage fills these defaults where a frame lacks them (features.memory.plan_defaults).
 PLAN_COLUMN_DEFAULTS = {"p_ep": 1, "p_param_offload": False, "p_stage_layers": "", "p_fused_head": False,
                         "p_eager_attention": False, "p_reentrant_checkpoint": False}
-# The same for workload and model columns added later (Workload.optimizer, .peak_seq_len; ModelSpec.final_logit_softcapping): the
-# features stage fills them where a frame lacks them (features.memory.plan_defaults); dataset rows carry them only
-# where they differ.
+# The same for workload and model columns added later (Workload.optimizer, .seq_len_cv, .peak_seq_len;
+# ModelSpec.final_logit_softcapping): the features stage fills them where a frame lacks them
+# (features.memory.plan_defaults); dataset rows carry them only where they differ.
 LATER_COLUMN_DEFAULTS = {"w_optimizer": "", "m_logit_softcap": 0.0, "w_seq_len_cv": 0.0, "w_peak_seq_len": 0}
 
 

@@ -308,7 +308,7 @@ def softcap_kept_bytes() -> pl.Expr:
     `logits * cap`, each a new [tokens, vocab] tensor in the head's dtype. Dividing and multiplying by a Python scalar
     save nothing for the backward, so their inputs are freed as each result is rebound to `logits`; tanh saves its
     output (its backward is grad * (1 - y^2)), which stays alive from the forward to the head's backward, through the
-    fp32 copy and log-softmax the plain path already holds (activations' 10 B per logit). At most two of the chain's
+    fp32 tensors the plain path already holds (HF_LOGIT_BYTES per logit). At most two of the chain's
     tensors exist at once while it runs (4 B), less than the loss's moment it precedes: the peak grows by that one
     kept tensor, the compute dtype's bytes per logit. Not on fused heads (Liger's FLCE caps each chunk inside its
     kernel; TRL's chunked head is left as it is) nor on Megatron/nanotron's vocab-parallel loss (no Gemma 2 support

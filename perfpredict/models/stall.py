@@ -25,8 +25,8 @@ What is modelled:
 
 Held out (the playbook's 8B, trained on its 1B) P(stall) stays under-calibrated: mean 0.27 against a 45 % stall
 rate, AUC 0.83 (0.28 before the intercept kept the training rate; on the 1B held out by node count that change
-took the mean from 0.228 to 0.210 against 0.189). At every node count the 8B stalls more often than the 1B (4 nodes: 27 % against 3 %), and no
-feature of the 1B runs carries that shift (the work per GPU and the message sizes lower the 1B's rate as they grow),
+took the mean from 0.228 to 0.210 against 0.189). At every node count the 8B stalls more often than the 1B (4 nodes:
+27 % against 3 %), and no feature of the 1B runs carries that shift (the work per GPU and the message sizes lower the 1B's rate as they grow),
 so the point stays stall-free unless a stall is very likely, where a low P(stall) costs the least."""
 
 from __future__ import annotations
@@ -223,8 +223,8 @@ def expected_steps_per_s(free: np.ndarray, stalled: np.ndarray, p: np.ndarray) -
     expected regret (the share of the best throughput lost, evaluate._ranking) is least. 1 / (expected time)
     is not that: a stall is charged per micro-batch (nanotron sends each micro-batch's activations and gradients
     with blocking metadata send/recv, parallel/pipeline_parallel/p2p.py:207-275 and state.py:15-50, on every
-    micro-batch of the 1F1B loop, engine.py:292-313; huggingface/nanotron@2411b02), so the stalled step grows with the micro-batch count without
-    bound while the throughput it takes away is at most the stall-free one times p. Held out by node count on the
+    micro-batch of the 1F1B loop, engine.py:292-313; huggingface/nanotron@2411b02), so the stalled step grows with
+    the micro-batch count without bound while the throughput it takes away is at most the stall-free one times p. Held out by node count on the
     playbook's 1B (the only multi-node runs outside the test partition), among the pipeline plans of each group:
     top-1 regret 14.1 -> 9.5 % (pp >= 2), 48.6 -> 26.2 % (pp >= 4), 22.9 -> 19.6 % (pp >= 8); over all plans
     17.9 % either way (CHANGELOG)."""
