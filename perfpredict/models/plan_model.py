@@ -303,7 +303,9 @@ class Correction:
         plan and its physics twin get the same weight. A bundle saved before domain_features_ reads them all."""
         names = getattr(self, "domain_features_", None) or self.feature_names_
         cols = [self.feature_names_.index(n) for n in names]
-        return ((X - self.center_) / self.scale_)[:, cols]
+        # the kept columns standardised (each element as standardising all of them, then picking: no copy of the
+        # others, a ranking's plans x features matrix twice)
+        return (X[:, cols] - self.center_[cols]) / self.scale_[cols]
 
     def distance(self, df: pl.DataFrame, *, beyond: float | None = None) -> np.ndarray:
         """Mean distance to the K nearest training rows of the row's domain, in units of that domain's own 95th
@@ -315,7 +317,7 @@ class Correction:
         for key, tree in self._trees_of().items():
             idx = keys == key
             if beyond is not None and idx.any():  # slack: "certainly" must survive the division's rounding
-                idx[idx] = ~tree.outside(Z[idx], beyond * self.radius_[key] * (1.0 + 1e-9))
+                idx[idx] = ~tree.outside(Z if idx.all() else Z[idx], beyond * self.radius_[key] * (1.0 + 1e-9))
             if not idx.any():
                 continue
             d, _ = tree.query(Z[idx], k=min(K_NEIGHBOURS, tree.n))
