@@ -544,7 +544,7 @@ def _kernel_parts(desc: pl.DataFrame, kernels: KernelModel) -> pl.DataFrame:
     for start, part in ((0, q.head(n_work)), (n_work, q.slice(n_work))):
         if not part.height:
             continue
-        nulls = part.select(KERNEL_KEYS).null_count().row(0)
+        nulls = [part.get_column(k).null_count() for k in KERNEL_KEYS]  # each column's own count: no query
         keys = [k for k, v in zip(KERNEL_KEYS, nulls, strict=True) if v < part.height]
         g = part.select(keys).with_row_index("_q").group_by(keys).agg("_q")
         first = sum(x.height for x in groups)

@@ -54,5 +54,12 @@ class Neighbours:
         x = np.atleast_2d(np.asarray(x, dtype=float))
         if not self.n:
             return np.ones(len(x), dtype=bool)
-        gap = np.maximum(self._lo - x, 0.0) + np.maximum(x - self._hi, 0.0)
-        return np.sqrt((gap**2).sum(axis=1)) >= radius
+        # The same operations as max(lo - x, 0) + max(x - hi, 0), squared, in place: a ranking asks this of every
+        # plan, and each temporary of a plans x features matrix cost as much as the arithmetic.
+        gap = self._lo - x
+        np.maximum(gap, 0.0, out=gap)
+        above = x - self._hi
+        np.maximum(above, 0.0, out=above)
+        gap += above
+        gap *= gap
+        return np.sqrt(gap.sum(axis=1)) >= radius

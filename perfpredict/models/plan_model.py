@@ -173,11 +173,13 @@ class Correction:
         if kept is not None:
             return kept
         f = self.features(df)
-        # NaN and null read as 0: one select where every feature is a float (as the featurizers build them), else
-        # the frame-wide fills (which pass non-float columns by)
-        f = (f.select(pl.all().fill_nan(0.0).fill_null(0.0)) if all(t == pl.Float64 for t in f.dtypes)
-             else f.fill_nan(0.0).fill_null(0.0))
-        X = f.to_numpy().astype(float)
+        # NaN and null read as 0. Where every feature is a float (as the featurizers build them) a null is NaN in
+        # numpy, so both are zeroed there (a select of fills per feature cost as much as the features); else the
+        # frame-wide fills (which pass non-float columns by).
+        floats = all(t == pl.Float64 for t in f.dtypes)
+        X = (f if floats else f.fill_nan(0.0).fill_null(0.0)).to_numpy().astype(float)
+        if floats:
+            X[np.isnan(X)] = 0.0
         X.flags.writeable = False
         self._last_X = (weakref.ref(df), df.height, X)
         return X
@@ -303,7 +305,9 @@ class Correction:
         plan and its physics twin get the same weight. A bundle saved before domain_features_ reads them all."""
         names = getattr(self, "domain_features_", None) or self.feature_names_
         cols = [self.feature_names_.index(n) for n in names]
-        return ((X - self.center_) / self.scale_)[:, cols]
+        # the kept columns standardised (each element as standardising all of them, then picking: no copy of the
+        # others, a ranking's plans x features matrix twice)
+        return (X[:, cols] - self.center_[cols]) / self.scale_[cols]
 
     def distance(self, df: pl.DataFrame, *, beyond: float | None = None) -> np.ndarray:
         """Mean distance to the K nearest training rows of the row's domain, in units of that domain's own 95th
@@ -315,7 +319,7 @@ class Correction:
         for key, tree in self._trees_of().items():
             idx = keys == key
             if beyond is not None and idx.any():  # slack: "certainly" must survive the division's rounding
-                idx[idx] = ~tree.outside(Z[idx], beyond * self.radius_[key] * (1.0 + 1e-9))
+                idx[idx] = ~tree.outside(Z if idx.all() else Z[idx], beyond * self.radius_[key] * (1.0 + 1e-9))
             if not idx.any():
                 continue
             d, _ = tree.query(Z[idx], k=min(K_NEIGHBOURS, tree.n))
