@@ -167,11 +167,13 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         # The benchmark stepped as the engine schedules it (AIPerf's 20 rounds, vLLM's chunked budget, SGLang's
         # prefill-first batches): reported beside the grouped returns (ttft_ratios), not used as the TTFT: it
         # removes the per-backend bias but not the spread, and lost on held-out splits (docs/generate-accuracy.md).
-        # It steps the running requests (KV- or max_num_seqs-limited); a queue beyond them is not stepped.
+        # It steps the running requests (KV- or max_num_seqs-limited); a queue beyond them is not stepped. Prefill-
+        # first where the run is (its prefill_first column, as the TTFT below reads it): a generated SGLang
+        # configuration mixes its chunks into decode steps.
         bench = benchmark_ttft(concurrency=s.concurrency, prompt=r["isl"], output_len=r["osl"],
                                budget_tokens=BATCHED_TOKENS, decode_step_s=s.decode_tpot_s,
                                prefill_token_s=s.prefill_per_prompt_s * par.pp / r["isl"],
-                               prefill_first=r["backend"] in PREFILL_FIRST)
+                               prefill_first=bool(r.get("prefill_first")))
         # TTFT composed as the benchmark runs: with fixed isl / osl at a fixed concurrency the requests come back
         # in the groups the opening burst formed (engine.wave_ttft); with lengths drawn per request (InferenceX's
         # client) they run out of step, the random-arrival steady state (RANDOM_LENGTH_HARNESSES); on an engine
