@@ -34,7 +34,9 @@ from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import kv_capacity
 from perfpredict.models.generate.engine import (
+    BatchWait,
     Parallel,
+    batch_wait_ttft_s,
     benchmark_ttft,
     host_step_overhead_s,
     prefill_first_waves,
@@ -72,6 +74,37 @@ GENERATED_HARNESSES = {"gap-analysis"}
 # benchmark scripts run AIPerf with fixed lengths (tests/baseline/precutover_ref/sglang_dense_agg/bench_run.sh:
 # --isl-stddev 0 --osl-stddev 0), taken for them: the grouped returns (SteadyState.wave_ttft_s).
 RANDOM_LENGTH_HARNESSES = {"inferencex"}
+
+
+@dataclass(frozen=True)
+class RunEngine:
+    """What a run's harness set beside the engine's defaults: the token budget per step (max_num_batched_tokens /
+    max_num_tokens / chunked_prefill_size), the KV cache format decode attention reads (None: replica_kv's
+    assumption) and TensorRT-LLM's batch waiting."""
+
+    max_num_tokens: int = BATCHED_TOKENS
+    kv_dtype: str | None = None
+    batch_wait: BatchWait | None = None
+
+
+# InferenceX served Llama-3.1-70B FP8 on TensorRT-LLM, when these runs were measured (2025-10-29), with
+# `trtllm-serve --max_num_tokens 16384` and an options file of `kv_cache_config: dtype: fp8`, and for 1k / 1k below
+# TP8 `batch_wait_max_tokens_ratio: 0.9`, `batch_wait_timeout_iters: 20` ("For 1k/1k, use batch_wait_max_tokens_ratio
+# and batch_wait_timeout_iters will improve the performance"): SemiAnalysisAI/InferenceX
+# benchmarks/70b_fp8_h200_trt_slurm.sh lines 24-49 and benchmarks/70b_fp8_b200_trt_slurm.sh lines 27-53 at 9596d23d7
+# (2025-10-29, the last commit before the 70B scripts were removed).
+INFERENCEX_TRTLLM = RunEngine(max_num_tokens=16384, kv_dtype="fp8")
+INFERENCEX_TRTLLM_1K1K = RunEngine(max_num_tokens=16384, kv_dtype="fp8", batch_wait=BatchWait(timeout_iters=20,
+                                                                                                max_tokens_ratio=0.9))
+
+
+def run_engine(r: dict[str, Any]) -> RunEngine:
+    """The engine options the run's harness stated (RunEngine); the defaults where it states none."""
+    if r.get("harness") == "inferencex" and r["backend"] == "trtllm":
+        if r["isl"] == 1024 and r["osl"] == 1024 and int(r["tp_size"]) < 8:
+            return INFERENCEX_TRTLLM_1K1K
+        return INFERENCEX_TRTLLM
+    return RunEngine()
 
 
 def model_specs(data: Path) -> dict[str, ModelSpec]:
@@ -139,13 +172,13 @@ class RunPrediction:
     steps: float  # engine steps per output token (for the overhead term): 1
 
 
-def parallel_of(r: dict[str, Any], m: ModelSpec) -> Parallel:
+def parallel_of(r: dict[str, Any], m: ModelSpec, kv_dtype: str | None = None) -> Parallel:
     q = QUANT.get(r["gemm_quant_mode"], "bfloat16")
     mq = QUANT.get(r.get("moe_quant_mode"), q)
     ep = int(r.get("moe_ep_size") or 1) or 1
     mtp = int(r.get("moe_tp_size") or 0)
     return Parallel(tp=int(r["tp_size"]), pp=int(r.get("pp_size") or 1), moe_tp=mtp if mtp > 0 else 0,
-                    moe_ep=ep, gemm_dtype=q, moe_dtype=mq)
+                    moe_ep=ep, gemm_dtype=q, moe_dtype=mq, kv_dtype=kv_dtype or "bfloat16")
 
 
 def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
@@ -157,10 +190,11 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         m = specs[r["model_path"]]
         gpu = get_gpu(r["gpu"])
         k = SiliconKernels.for_gpu(r["gpu"])
-        par = parallel_of(r, m)
+        eng = run_engine(r)
+        par = parallel_of(r, m, eng.kv_dtype)
         cap = replica_kv(m, r)
         s = steady_state(k, m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"],
-                         max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"],
+                         max_num_batched_tokens=eng.max_num_tokens, engine=r["backend"],
                          overhead_s=host_step_overhead_s(r["backend"], r["backend_version"]),
                          kv_pool_tokens=cap.pool_tokens if cap.fits else None)
         roof = roofline_tpot(m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"])
@@ -171,7 +205,7 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         # first where the run is (its prefill_first column, as the TTFT below reads it): a generated SGLang
         # configuration mixes its chunks into decode steps.
         bench = benchmark_ttft(concurrency=s.concurrency, prompt=r["isl"], output_len=r["osl"],
-                               budget_tokens=BATCHED_TOKENS, decode_step_s=s.decode_tpot_s,
+                               budget_tokens=eng.max_num_tokens, decode_step_s=s.decode_tpot_s,
                                prefill_token_s=s.prefill_per_prompt_s * par.pp / r["isl"],
                                prefill_first=bool(r.get("prefill_first")))
         # TTFT composed as the benchmark runs: with fixed isl / osl at a fixed concurrency the requests come back
@@ -180,6 +214,10 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         # that prefills first (prefill_first_runs) every round is the opening burst (engine.prefill_first_waves),
         # and the burst's prefill lands in the client's TPOT too.
         ttft, tpot = s.ttft_s if r.get("harness") in RANDOM_LENGTH_HARNESSES else s.wave_ttft_s, s.tpot_s
+        if eng.batch_wait is not None and r.get("harness") in RANDOM_LENGTH_HARNESSES:
+            # TensorRT-LLM holds a new prompt back until more arrive or the timeout passes (engine.BatchWait).
+            ttft = batch_wait_ttft_s(s, eng.batch_wait, prompt=r["isl"], output_len=r["osl"],
+                                     max_num_tokens=eng.max_num_tokens)
         if r.get("prefill_first"):
             ttft, tpot = prefill_first_waves(s, r["osl"])
         out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": tpot,
