@@ -87,7 +87,9 @@ class RunEngine:
     batch_wait: BatchWait | None = None
 
 
-# InferenceX served Llama-3.1-70B FP8 on TensorRT-LLM, when these runs were measured (2025-10-29), with
+# InferenceX served Llama-3.1-70B FP8 on vLLM with `kv-cache-dtype: fp8`, `max-num-batched-tokens: 8192` (config.yaml
+# of benchmarks/70b_fp8_h100_slurm.sh lines 19-25, 70b_fp8_h200_slurm.sh 33-39, 70b_fp8_b200_docker.sh 15-22 at
+# 9596d23d7), and on TensorRT-LLM, when these runs were measured (2025-10-29), with
 # `trtllm-serve --max_num_tokens 16384` and an options file of `kv_cache_config: dtype: fp8`, and for 1k / 1k below
 # TP8 `batch_wait_max_tokens_ratio: 0.9`, `batch_wait_timeout_iters: 20` ("For 1k/1k, use batch_wait_max_tokens_ratio
 # and batch_wait_timeout_iters will improve the performance"): SemiAnalysisAI/InferenceX
@@ -98,9 +100,17 @@ INFERENCEX_TRTLLM_1K1K = RunEngine(max_num_tokens=16384, kv_dtype="fp8", batch_w
                                                                                                 max_tokens_ratio=0.9))
 
 
+INFERENCEX_VLLM = RunEngine(kv_dtype="fp8")
+INFERENCEX_70B = "meta-llama/Llama-3.1-70B"
+
+
 def run_engine(r: dict[str, Any]) -> RunEngine:
     """The engine options the run's harness stated (RunEngine); the defaults where it states none."""
-    if r.get("harness") == "inferencex" and r["backend"] == "trtllm":
+    if r.get("harness") != "inferencex" or r["model_path"] != INFERENCEX_70B:
+        return RunEngine()
+    if r["backend"] == "vllm":
+        return INFERENCEX_VLLM
+    if r["backend"] == "trtllm":
         if r["isl"] == 1024 and r["osl"] == 1024 and int(r["tp_size"]) < 8:
             return INFERENCEX_TRTLLM_1K1K
         return INFERENCEX_TRTLLM
