@@ -104,8 +104,20 @@ INFERENCEX_VLLM = RunEngine(kv_dtype="fp8")
 INFERENCEX_70B = "meta-llama/Llama-3.1-70B"
 
 
+# AIConfigurator's generator gives an aggregated vLLM or TensorRT-LLM worker a token budget of max_batch_size +
+# isl + 1,500 (ai-dynamo/aiconfigurator src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule line 11 and
+# trtllm.rule line 11, `agg max_num_tokens`), the benchmark's concurrency being its max_batch_size
+# (BenchConfig.estimated_concurrency = agg_workers x max_batch_size): vLLM chunks prompts at that budget as the
+# composition does. SGLang's generated max_prefill_tokens = isl + 1,500 (benchmark/sglang.rule) is a different
+# limit (PrefillAdder admits whole prompts while it lasts, beside chunked_prefill_size), not modelled: its generated
+# runs keep the default budget.
+GENERATED_BUDGET_EXTRA_TOKENS = 1500
+
+
 def run_engine(r: dict[str, Any]) -> RunEngine:
     """The engine options the run's harness stated (RunEngine); the defaults where it states none."""
+    if r.get("generated") and r["backend"] != "sglang":
+        return RunEngine(max_num_tokens=int(r["batch_size"]) + int(r["isl"]) + GENERATED_BUDGET_EXTRA_TOKENS)
     if r.get("harness") != "inferencex" or r["model_path"] != INFERENCEX_70B:
         return RunEngine()
     if r["backend"] == "vllm":
@@ -159,19 +171,23 @@ def load_runs(data: Path | str) -> tuple[pl.DataFrame, dict[str, int]]:
                          gpus=pl.col("tp_size") * pl.col("pp_size").fill_null(1),
                          is_moe=pl.col("model_path").replace_strict({k: v.is_moe for k, v in specs.items()},
                                                                      default=False))
-    return df.with_columns(prefill_first=prefill_first_runs(df)), skipped
+    return df.with_columns(prefill_first=prefill_first_runs(df), generated=generated_runs(df)), skipped
 
 
-def prefill_first_runs(df: pl.DataFrame) -> pl.Series:
-    """Per run: does its engine run prefill batches before decode steps (PREFILL_FIRST at its defaults), i.e. not
-    a generated configuration (GENERATED_HARNESSES whose engine, version, model and GPU measured every (isl, osl,
-    TP) configuration at one concurrency only)?"""
+def generated_runs(df: pl.DataFrame) -> pl.Series:
+    """Per run: is it a configuration AIConfigurator's generator picked (GENERATED_HARNESSES whose engine, version,
+    model and GPU measured every (isl, osl, TP) configuration at one concurrency only)?"""
     keys = ["backend", "backend_version", "model_path", "system"]
     per_config = pl.col("batch_size").n_unique().over(*keys, "isl", "osl", "tp_size")
     d = df.select(sweep=(per_config.max().over(*keys) > 1),
                   generated=pl.col("harness").is_in(list(GENERATED_HARNESSES)))
-    generated = d["generated"] & ~d["sweep"]
-    return (df["backend"].is_in(list(PREFILL_FIRST)) & ~generated).alias("prefill_first")
+    return (d["generated"] & ~d["sweep"]).alias("generated")
+
+
+def prefill_first_runs(df: pl.DataFrame) -> pl.Series:
+    """Per run: does its engine run prefill batches before decode steps (PREFILL_FIRST at its defaults), i.e. not
+    a generated configuration (generated_runs)?"""
+    return (df["backend"].is_in(list(PREFILL_FIRST)) & ~generated_runs(df)).alias("prefill_first")
 
 
 @dataclass(frozen=True)
