@@ -406,7 +406,13 @@ def test_inferencex_trtllm_1k1k_runs_wait_for_a_batch():
     batch_wait_max_tokens_ratio 0.9 (benchmarks/70b_fp8_h200_trt_slurm.sh lines 24-35 at 9596d23d7). On those 36
     runs (H200, B200; runs.csv) measured / composed TTFT has a median of 1.29 (1.05 at concurrency 4) and MAPE 26 %;
     the random-arrival TTFT alone is 6.2x short (MAPE 84 %). The other shapes and TP8 state no batch waiting."""
-    from perfpredict.train.generate_silicon import INFERENCEX_TRTLLM, INFERENCEX_VLLM, load_runs, predict_runs, run_engine
+    from perfpredict.train.generate_silicon import (
+        INFERENCEX_TRTLLM,
+        INFERENCEX_VLLM,
+        load_runs,
+        predict_runs,
+        run_engine,
+    )
 
     df, _ = load_runs("datasets")
     d = predict_runs(df.filter((pl.col("backend") == "trtllm") & (pl.col("harness") == "inferencex")), "datasets")

@@ -88,7 +88,7 @@ class RunEngine:
 
 
 # InferenceX served Llama-3.1-70B FP8 on vLLM with `kv-cache-dtype: fp8`, `max-num-batched-tokens: 8192` (config.yaml
-# of benchmarks/70b_fp8_h100_slurm.sh lines 19-25, 70b_fp8_h200_slurm.sh 33-39, 70b_fp8_b200_docker.sh 15-22 at
+# of benchmarks/70b_fp8_h100_slurm.sh lines 19-23, 70b_fp8_h200_slurm.sh 33-37, 70b_fp8_b200_docker.sh 26-31 at
 # 9596d23d7), and on TensorRT-LLM, when these runs were measured (2025-10-29), with
 # `trtllm-serve --max_num_tokens 16384` and an options file of `kv_cache_config: dtype: fp8`, and for 1k / 1k below
 # TP8 `batch_wait_max_tokens_ratio: 0.9`, `batch_wait_timeout_iters: 20` ("For 1k/1k, use batch_wait_max_tokens_ratio
@@ -105,7 +105,7 @@ INFERENCEX_70B = "meta-llama/Llama-3.1-70B"
 
 
 # AIConfigurator's generator gives an aggregated vLLM or TensorRT-LLM worker a token budget of max_batch_size +
-# isl + 1,500 (ai-dynamo/aiconfigurator src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule line 11 and
+# isl + 1,500 (ai-dynamo/aiconfigurator src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule line 12 and
 # trtllm.rule line 11, `agg max_num_tokens`), the benchmark's concurrency being its max_batch_size
 # (BenchConfig.estimated_concurrency = agg_workers x max_batch_size): vLLM chunks prompts at that budget as the
 # composition does. SGLang's generated max_prefill_tokens = isl + 1,500 (benchmark/sglang.rule) is a different

@@ -339,7 +339,8 @@ class BatchWait:
 
     def __post_init__(self) -> None:
         require(self.timeout_iters >= 0, f"timeout_iters must be >= 0, got {self.timeout_iters}")
-        require(0.0 <= self.max_tokens_ratio <= 1.0, f"max_tokens_ratio must be in [0, 1], got {self.max_tokens_ratio}")
+        require(0.0 <= self.max_tokens_ratio <= 1.0,
+                f"max_tokens_ratio must be in [0, 1], got {self.max_tokens_ratio}")
 
 
 def batch_wait_ttft_s(s: SteadyState, wait: BatchWait, *, prompt: float, output_len: int,
