@@ -34,7 +34,9 @@ from perfpredict.core.errors import PerfPredictError
 from perfpredict.core.model import ModelSpec
 from perfpredict.features.generate import kv_capacity
 from perfpredict.models.generate.engine import (
+    BatchWait,
     Parallel,
+    batch_wait_ttft_s,
     benchmark_ttft,
     host_step_overhead_s,
     prefill_first_waves,
@@ -72,6 +74,59 @@ GENERATED_HARNESSES = {"gap-analysis"}
 # benchmark scripts run AIPerf with fixed lengths (tests/baseline/precutover_ref/sglang_dense_agg/bench_run.sh:
 # --isl-stddev 0 --osl-stddev 0), taken for them: the grouped returns (SteadyState.wave_ttft_s).
 RANDOM_LENGTH_HARNESSES = {"inferencex"}
+
+
+@dataclass(frozen=True)
+class RunEngine:
+    """What a run's harness set beside the engine's defaults: the token budget per step (max_num_batched_tokens /
+    max_num_tokens / chunked_prefill_size), the KV cache format decode attention reads (None: replica_kv's
+    assumption) and TensorRT-LLM's batch waiting."""
+
+    max_num_tokens: int = BATCHED_TOKENS
+    kv_dtype: str | None = None
+    batch_wait: BatchWait | None = None
+
+
+# InferenceX served Llama-3.1-70B FP8 on vLLM with `kv-cache-dtype: fp8`, `max-num-batched-tokens: 8192` (config.yaml
+# of benchmarks/70b_fp8_h100_slurm.sh lines 19-23, 70b_fp8_h200_slurm.sh 33-37, 70b_fp8_b200_docker.sh 26-31 at
+# 9596d23d7), and on TensorRT-LLM, when these runs were measured (2025-10-29), with
+# `trtllm-serve --max_num_tokens 16384` and an options file of `kv_cache_config: dtype: fp8`, and for 1k / 1k below
+# TP8 `batch_wait_max_tokens_ratio: 0.9`, `batch_wait_timeout_iters: 20` ("For 1k/1k, use batch_wait_max_tokens_ratio
+# and batch_wait_timeout_iters will improve the performance"): SemiAnalysisAI/InferenceX
+# benchmarks/70b_fp8_h200_trt_slurm.sh lines 24-49 and benchmarks/70b_fp8_b200_trt_slurm.sh lines 27-53 at 9596d23d7
+# (2025-10-29, the last commit before the 70B scripts were removed).
+INFERENCEX_TRTLLM = RunEngine(max_num_tokens=16384, kv_dtype="fp8")
+INFERENCEX_TRTLLM_1K1K = RunEngine(max_num_tokens=16384, kv_dtype="fp8", batch_wait=BatchWait(timeout_iters=20,
+                                                                                                max_tokens_ratio=0.9))
+
+
+INFERENCEX_VLLM = RunEngine(kv_dtype="fp8")
+INFERENCEX_70B = "meta-llama/Llama-3.1-70B"
+
+
+# AIConfigurator's generator gives an aggregated vLLM or TensorRT-LLM worker a token budget of max_batch_size +
+# isl + 1,500 (ai-dynamo/aiconfigurator src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule line 12 and
+# trtllm.rule line 11, `agg max_num_tokens`), the benchmark's concurrency being its max_batch_size
+# (BenchConfig.estimated_concurrency = agg_workers x max_batch_size): vLLM chunks prompts at that budget as the
+# composition does. SGLang's generated max_prefill_tokens = isl + 1,500 (benchmark/sglang.rule) is a different
+# limit (PrefillAdder admits whole prompts while it lasts, beside chunked_prefill_size), not modelled: its generated
+# runs keep the default budget.
+GENERATED_BUDGET_EXTRA_TOKENS = 1500
+
+
+def run_engine(r: dict[str, Any]) -> RunEngine:
+    """The engine options the run's harness stated (RunEngine); the defaults where it states none."""
+    if r.get("generated") and r["backend"] != "sglang":
+        return RunEngine(max_num_tokens=int(r["batch_size"]) + int(r["isl"]) + GENERATED_BUDGET_EXTRA_TOKENS)
+    if r.get("harness") != "inferencex" or r["model_path"] != INFERENCEX_70B:
+        return RunEngine()
+    if r["backend"] == "vllm":
+        return INFERENCEX_VLLM
+    if r["backend"] == "trtllm":
+        if r["isl"] == 1024 and r["osl"] == 1024 and int(r["tp_size"]) < 8:
+            return INFERENCEX_TRTLLM_1K1K
+        return INFERENCEX_TRTLLM
+    return RunEngine()
 
 
 def model_specs(data: Path) -> dict[str, ModelSpec]:
@@ -116,19 +171,23 @@ def load_runs(data: Path | str) -> tuple[pl.DataFrame, dict[str, int]]:
                          gpus=pl.col("tp_size") * pl.col("pp_size").fill_null(1),
                          is_moe=pl.col("model_path").replace_strict({k: v.is_moe for k, v in specs.items()},
                                                                      default=False))
-    return df.with_columns(prefill_first=prefill_first_runs(df)), skipped
+    return df.with_columns(prefill_first=prefill_first_runs(df), generated=generated_runs(df)), skipped
 
 
-def prefill_first_runs(df: pl.DataFrame) -> pl.Series:
-    """Per run: does its engine run prefill batches before decode steps (PREFILL_FIRST at its defaults), i.e. not
-    a generated configuration (GENERATED_HARNESSES whose engine, version, model and GPU measured every (isl, osl,
-    TP) configuration at one concurrency only)?"""
+def generated_runs(df: pl.DataFrame) -> pl.Series:
+    """Per run: is it a configuration AIConfigurator's generator picked (GENERATED_HARNESSES whose engine, version,
+    model and GPU measured every (isl, osl, TP) configuration at one concurrency only)?"""
     keys = ["backend", "backend_version", "model_path", "system"]
     per_config = pl.col("batch_size").n_unique().over(*keys, "isl", "osl", "tp_size")
     d = df.select(sweep=(per_config.max().over(*keys) > 1),
                   generated=pl.col("harness").is_in(list(GENERATED_HARNESSES)))
-    generated = d["generated"] & ~d["sweep"]
-    return (df["backend"].is_in(list(PREFILL_FIRST)) & ~generated).alias("prefill_first")
+    return (d["generated"] & ~d["sweep"]).alias("generated")
+
+
+def prefill_first_runs(df: pl.DataFrame) -> pl.Series:
+    """Per run: does its engine run prefill batches before decode steps (PREFILL_FIRST at its defaults), i.e. not
+    a generated configuration (generated_runs)?"""
+    return (df["backend"].is_in(list(PREFILL_FIRST)) & ~generated_runs(df)).alias("prefill_first")
 
 
 @dataclass(frozen=True)
@@ -139,13 +198,13 @@ class RunPrediction:
     steps: float  # engine steps per output token (for the overhead term): 1
 
 
-def parallel_of(r: dict[str, Any], m: ModelSpec) -> Parallel:
+def parallel_of(r: dict[str, Any], m: ModelSpec, kv_dtype: str | None = None) -> Parallel:
     q = QUANT.get(r["gemm_quant_mode"], "bfloat16")
     mq = QUANT.get(r.get("moe_quant_mode"), q)
     ep = int(r.get("moe_ep_size") or 1) or 1
     mtp = int(r.get("moe_tp_size") or 0)
     return Parallel(tp=int(r["tp_size"]), pp=int(r.get("pp_size") or 1), moe_tp=mtp if mtp > 0 else 0,
-                    moe_ep=ep, gemm_dtype=q, moe_dtype=mq)
+                    moe_ep=ep, gemm_dtype=q, moe_dtype=mq, kv_dtype=kv_dtype or "bfloat16")
 
 
 def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
@@ -157,27 +216,34 @@ def predict_runs(df: pl.DataFrame, data: Path) -> pl.DataFrame:
         m = specs[r["model_path"]]
         gpu = get_gpu(r["gpu"])
         k = SiliconKernels.for_gpu(r["gpu"])
-        par = parallel_of(r, m)
+        eng = run_engine(r)
+        par = parallel_of(r, m, eng.kv_dtype)
         cap = replica_kv(m, r)
         s = steady_state(k, m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"],
-                         max_num_batched_tokens=BATCHED_TOKENS, engine=r["backend"],
+                         max_num_batched_tokens=eng.max_num_tokens, engine=r["backend"],
                          overhead_s=host_step_overhead_s(r["backend"], r["backend_version"]),
                          kv_pool_tokens=cap.pool_tokens if cap.fits else None)
         roof = roofline_tpot(m, gpu, par, concurrency=r["batch_size"], input_len=r["isl"], output_len=r["osl"])
         # The benchmark stepped as the engine schedules it (AIPerf's 20 rounds, vLLM's chunked budget, SGLang's
         # prefill-first batches): reported beside the grouped returns (ttft_ratios), not used as the TTFT: it
         # removes the per-backend bias but not the spread, and lost on held-out splits (docs/generate-accuracy.md).
-        # It steps the running requests (KV- or max_num_seqs-limited); a queue beyond them is not stepped.
+        # It steps the running requests (KV- or max_num_seqs-limited); a queue beyond them is not stepped. Prefill-
+        # first where the run is (its prefill_first column, as the TTFT below reads it): a generated SGLang
+        # configuration mixes its chunks into decode steps.
         bench = benchmark_ttft(concurrency=s.concurrency, prompt=r["isl"], output_len=r["osl"],
-                               budget_tokens=BATCHED_TOKENS, decode_step_s=s.decode_tpot_s,
+                               budget_tokens=eng.max_num_tokens, decode_step_s=s.decode_tpot_s,
                                prefill_token_s=s.prefill_per_prompt_s * par.pp / r["isl"],
-                               prefill_first=r["backend"] in PREFILL_FIRST)
+                               prefill_first=bool(r.get("prefill_first")))
         # TTFT composed as the benchmark runs: with fixed isl / osl at a fixed concurrency the requests come back
         # in the groups the opening burst formed (engine.wave_ttft); with lengths drawn per request (InferenceX's
         # client) they run out of step, the random-arrival steady state (RANDOM_LENGTH_HARNESSES); on an engine
         # that prefills first (prefill_first_runs) every round is the opening burst (engine.prefill_first_waves),
         # and the burst's prefill lands in the client's TPOT too.
         ttft, tpot = s.ttft_s if r.get("harness") in RANDOM_LENGTH_HARNESSES else s.wave_ttft_s, s.tpot_s
+        if eng.batch_wait is not None and r.get("harness") in RANDOM_LENGTH_HARNESSES:
+            # TensorRT-LLM holds a new prompt back until more arrive or the timeout passes (engine.BatchWait).
+            ttft = batch_wait_ttft_s(s, eng.batch_wait, prompt=r["isl"], output_len=r["osl"],
+                                     max_num_tokens=eng.max_num_tokens)
         if r.get("prefill_first"):
             ttft, tpot = prefill_first_waves(s, r["osl"])
         out.append({"fits": cap.fits, "running": s.concurrency, "pred_tpot_s": tpot,

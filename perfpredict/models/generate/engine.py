@@ -325,6 +325,44 @@ def prefill_first_waves(s: SteadyState, output_len: int) -> tuple[float, float]:
     return s.burst_ttft_s, tpot
 
 
+@dataclass(frozen=True)
+class BatchWait:
+    """TensorRT-LLM's batch waiting (LLM API options batch_wait_timeout_iters, batch_wait_max_tokens_ratio; both 0,
+    i.e. off, by default). NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/py_executor.py: PyExecutor._schedule
+    calls _waiting_requests when context and generation requests are both scheduled ("if no generation requests, no
+    need to wait"); it holds every scheduled context request back, one iteration at a time, until
+    batch_wait_iters_count >= batch_wait_timeout_iters or the scheduled tokens (prompt tokens + one per decode) reach
+    batch_wait_max_tokens_ratio x max_num_tokens, then releases them all and resets the count."""
+
+    timeout_iters: int
+    max_tokens_ratio: float
+
+    def __post_init__(self) -> None:
+        require(self.timeout_iters >= 0, f"timeout_iters must be >= 0, got {self.timeout_iters}")
+        require(0.0 <= self.max_tokens_ratio <= 1.0,
+                f"max_tokens_ratio must be in [0, 1], got {self.max_tokens_ratio}")
+
+
+def batch_wait_ttft_s(s: SteadyState, wait: BatchWait, *, prompt: float, output_len: int,
+                      max_num_tokens: int) -> float:
+    """Random-arrival TTFT (s.ttft_s) with TensorRT-LLM's batch waiting on. A closed loop of s.concurrency requests
+    sends a new prompt per completion: lam = c / (iterations of a request's life) per iteration. The first prompt to
+    arrive opens a window of W iterations (the timeout, or sooner once enough prompts arrived to reach the token
+    threshold beside the c decodes); the prompts arriving inside it wait the rest of it, W / 2 on average. Mean wait
+    in iterations: W (1 + lam W / 2) / (1 + lam W), each a decode step (the held prompts do not run), and the
+    released group's 1 + lam W prompts prefill in one step, so a prompt's first token also waits for the others'."""
+    c = max(s.concurrency, 1.0)
+    threshold = wait.max_tokens_ratio * max_num_tokens
+    arrivals_needed = math.ceil(max(threshold - c, 0.0) / max(prompt, 1.0))
+    if wait.timeout_iters <= 0 or arrivals_needed <= 1:
+        return s.ttft_s  # the first prompt beside the decodes meets the threshold (ratio 0 included): no wait
+    lam = c / max(output_len - 1 + s.prefill_steps, 1)
+    window = min(float(wait.timeout_iters), (arrivals_needed - 1) / lam)
+    group = 1.0 + lam * window
+    iters = window * (1.0 + lam * window / 2.0) / group
+    return s.ttft_s + iters * s.decode_tpot_s + (group - 1.0) * s.prefill_per_prompt_s
+
+
 def decode_breakdown(s: SteadyState) -> dict[str, float]:
     p = s.decode_step
     return {"gemm": p.gemm_s, "attention": p.attention_s, "moe": p.moe_s, "all_reduce": p.all_reduce_s,
